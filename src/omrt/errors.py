@@ -1,0 +1,35 @@
+"""The exceptions omrt raises: every one names the tensor or field, the rule broken and the fix."""
+
+from __future__ import annotations
+
+
+class OmrtError(Exception):
+    """Base of every error omrt raises on purpose."""
+
+
+class CompileError(OmrtError):
+    """The ONNX model cannot be compiled as given."""
+
+
+class UnsupportedOpError(CompileError):
+    """An operator (or an operator version) has no kernel in omrt's library."""
+
+
+class ShapeError(OmrtError):
+    """Shapes or dtypes do not agree with what an operator or the model requires."""
+
+
+class FormatError(OmrtError):
+    """A `.om` file is truncated, corrupted, foreign or of an unsupported version."""
+
+
+class InputError(OmrtError):
+    """A feed or bound buffer has the wrong name, dtype or shape, or an input is missing."""
+
+
+class BindError(OmrtError):
+    """A bound buffer cannot serve as the tensor's memory (size, layout, writability, overlap)."""
+
+
+class KernelError(OmrtError):
+    """A kernel failed while running, or a packed kernel cannot be trusted or loaded."""

@@ -1,0 +1,190 @@
+"""The kernel contract: what every operator implementation states and how the library finds it.
+
+A kernel is a class bound to one node: `infer` gives output dtypes and shapes from the inputs
+(at compile time, dims may be symbolic strings); `__init__` prepares everything that depends only
+on attributes and concrete shapes (done once, at load); `run` writes the result into the output
+arrays it is handed (views into the arena or the caller's buffers) and returns nothing.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Any, Callable, ClassVar, Sequence
+
+import numpy as np
+
+from ..errors import ShapeError, UnsupportedOpError
+
+Dim = int | str | None
+"""A dimension: a size, a symbolic name, or None for "not known until run time"."""
+
+Shape = tuple[Dim, ...]
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """What the planner knows about a tensor: dtype, shape and, for constants, the value."""
+
+    dtype: np.dtype
+    shape: Shape
+    value: np.ndarray | None = field(default=None, compare=False, repr=False)
+
+    @staticmethod
+    def of(array: np.ndarray) -> "TensorInfo":
+        """The info of a known array (a constant)."""
+        return TensorInfo(array.dtype, tuple(array.shape), array)
+
+    @property
+    def static(self) -> bool:
+        """True when every dim is a concrete size."""
+        return all(isinstance(d, int) for d in self.shape)
+
+    @property
+    def rank(self) -> int:
+        return len(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the tensor; only for static shapes."""
+        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+
+
+@dataclass(frozen=True)
+class OpContext:
+    """What a kernel knows about its node besides its tensors."""
+
+    attrs: dict[str, Any]
+    opset: int
+    name: str = ""
+    op_type: str = ""
+    subgraph_runner: Any = None  # set by the executor for ops with graph attributes
+
+    def attr(self, key: str, default: Any = None) -> Any:
+        return self.attrs.get(key, default)
+
+
+class Kernel:
+    """Base of every built-in kernel. Subclasses set the class attributes and override methods."""
+
+    op_type: ClassVar[str] = ""
+    domain: ClassVar[str] = ""
+    inplace: ClassVar[dict[int, int]] = {}
+    """output index -> input index it may overwrite when that input dies at this task."""
+    view: ClassVar[bool] = False
+    """True when output 0 is input 0 reinterpreted with another shape (an alias, no task)."""
+    dynamic: ClassVar[bool] = False
+    """True when output shapes depend on input values: `run` returns freshly allocated outputs."""
+    deterministic: ClassVar[bool] = True
+    """False for random ops: never folded at compile time."""
+
+    def __init__(self, ctx: OpContext, inputs: Sequence[TensorInfo | None],
+                 outputs: Sequence[TensorInfo]) -> None:
+        self.ctx = ctx
+        self.inputs = list(inputs)
+        self.outputs = list(outputs)
+
+    @classmethod
+    def infer(cls, ctx: OpContext, inputs: Sequence[TensorInfo | None]) -> list[TensorInfo]:
+        """Output dtypes and shapes from input infos; raise ShapeError naming the rule broken."""
+        raise NotImplementedError(f"{cls.__name__}.infer")
+
+    def workspace(self) -> int:
+        """Scratch bytes this task needs in the arena (planned like any tensor)."""
+        return 0
+
+    def run(self, inputs: Sequence[np.ndarray | None], outputs: Sequence[np.ndarray],
+            workspace: np.ndarray | None) -> list[np.ndarray] | None:
+        """Compute into `outputs` (dynamic kernels return new arrays instead)."""
+        raise NotImplementedError(f"{type(self).__name__}.run")
+
+
+@dataclass(frozen=True)
+class _Entry:
+    since: int
+    cls: type[Kernel]
+
+
+_REGISTRY: dict[tuple[str, str], list[_Entry]] = {}
+
+
+def register(op_type: str, since: int = 1, domain: str = "") -> Callable[[type[Kernel]], type[Kernel]]:
+    """Class decorator: this kernel implements `op_type` for opsets >= `since` (until a newer entry)."""
+
+    def deco(cls: type[Kernel]) -> type[Kernel]:
+        entries = _REGISTRY.setdefault((domain, op_type), [])
+        entries.append(_Entry(since, cls))
+        entries.sort(key=lambda e: e.since)
+        if not cls.op_type:
+            cls.op_type = op_type
+        cls.domain = domain
+        return cls
+
+    return deco
+
+
+def lookup(op_type: str, opset: int, domain: str = "", node: str = "") -> type[Kernel]:
+    """The kernel class for an op at a model's opset, or UnsupportedOpError naming op, node and opset."""
+    domain = "" if domain == "ai.onnx" else domain
+    entries = _REGISTRY.get((domain, op_type))
+    where = f" (node {node!r})" if node else ""
+    qual = f"{domain}::{op_type}" if domain else op_type
+    if not entries:
+        raise UnsupportedOpError(
+            f"operator {qual}{where} at opset {opset} has no kernel in omrt; "
+            f"see docs/conformance.md for the supported operators, or pack a custom kernel")
+    best = None
+    for e in entries:
+        if e.since <= opset:
+            best = e
+    if best is None:
+        raise UnsupportedOpError(
+            f"operator {qual}{where} is supported from opset {entries[0].since}, "
+            f"the model uses opset {opset}; convert the model to a newer opset")
+    return best.cls
+
+
+def registered_ops() -> list[tuple[str, str, int]]:
+    """(domain, op_type, since) for every registration: the supported-operator table."""
+    return sorted((d, op, e.since) for (d, op), es in _REGISTRY.items() for e in es)
+
+
+# ----------------------------------------------------------------------------- shape helpers
+
+_fresh = itertools.count()
+
+
+def fresh_dim(prefix: str = "unk") -> str:
+    """A new symbolic dim name for a size no rule can tell before run time."""
+    return f"{prefix}_{next(_fresh)}"
+
+
+def broadcast_shapes(*shapes: Shape, name: str = "") -> Shape:
+    """Numpy (multidirectional) broadcasting over possibly symbolic shapes."""
+    rank = max((len(s) for s in shapes), default=0)
+    out: list[Dim] = []
+    for i in range(rank):
+        dims = [s[len(s) - rank + i] for s in shapes if len(s) - rank + i >= 0]
+        known = {d for d in dims if d != 1}
+        if not known:
+            out.append(1)
+        elif len(known) == 1:
+            out.append(known.pop())
+        else:
+            ints = {d for d in known if isinstance(d, int)}
+            if len(ints) > 1:
+                raise ShapeError(f"{name}: shapes {[tuple(s) for s in shapes]} cannot be broadcast "
+                                 f"together (dim {i} differs); make the sizes equal or 1")
+            out.append(ints.pop() if ints else sorted(str(d) for d in known)[0])
+    return tuple(out)
+
+
+def normalize_axis(axis: int, rank: int, name: str = "") -> int:
+    """An axis in [-rank, rank) made non-negative, or a ShapeError."""
+    if not -rank <= axis < max(rank, 1):
+        raise ShapeError(f"{name}: axis {axis} is out of range for rank {rank}")
+    return axis % max(rank, 1)
+
+
+def numel(shape: Shape) -> int:
+    return int(np.prod(shape, dtype=np.int64))
