@@ -77,6 +77,8 @@ class Kernel:
     """True when output shapes depend on input values: `run` returns freshly allocated outputs."""
     deterministic: ClassVar[bool] = True
     """False for random ops: never folded at compile time."""
+    fuses: ClassVar[frozenset[str]] = frozenset()
+    """Activations (from FUSED_ACTIVATIONS) this kernel applies to its output when fused into it."""
 
     def __init__(self, ctx: OpContext, inputs: Sequence[TensorInfo | None],
                  outputs: Sequence[TensorInfo]) -> None:
@@ -188,3 +190,42 @@ def normalize_axis(axis: int, rank: int, name: str = "") -> int:
 
 def numel(shape: Shape) -> int:
     return int(np.prod(shape, dtype=np.int64))
+
+
+# ----------------------------------------------------------------------------- fused activations
+
+FUSED_ACTIVATIONS = ("Relu", "LeakyRelu", "Clip", "Sigmoid", "Tanh", "HardSigmoid")
+"""Activations the compiler may fold into a producer that lists them in `Kernel.fuses`.
+
+The producer's node then carries the omrt-internal attributes `_act` (one of these names),
+`_act_alpha` and `_act_beta` (floats; for Clip they are min and max), and applies the activation
+to its own output in place with `apply_activation`.
+"""
+
+
+def apply_activation(out: np.ndarray, ctx: OpContext) -> None:
+    """Apply the fused activation named in `ctx` (if any) to `out` in place."""
+    act = ctx.attrs.get("_act")
+    if act is None:
+        return
+    alpha = ctx.attrs.get("_act_alpha")
+    beta = ctx.attrs.get("_act_beta")
+    if act == "Relu":
+        np.maximum(out, 0, out=out)
+    elif act == "LeakyRelu":
+        np.multiply(out, np.where(out < 0, out.dtype.type(alpha), out.dtype.type(1)), out=out)
+    elif act == "Clip":
+        np.clip(out, alpha, beta, out=out)
+    elif act == "Sigmoid":
+        np.negative(out, out=out)
+        np.exp(out, out=out)
+        np.add(out, 1, out=out)
+        np.reciprocal(out, out=out)
+    elif act == "Tanh":
+        np.tanh(out, out=out)
+    elif act == "HardSigmoid":
+        np.multiply(out, alpha, out=out)
+        np.add(out, beta, out=out)
+        np.clip(out, 0, 1, out=out)
+    else:
+        raise ValueError(f"unknown fused activation {act!r}")
