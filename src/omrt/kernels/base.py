@@ -15,40 +15,7 @@ from typing import Any, Callable, ClassVar, Sequence
 import numpy as np
 
 from ..errors import ShapeError, UnsupportedOpError
-
-Dim = int | str | None
-"""A dimension: a size, a symbolic name, or None for "not known until run time"."""
-
-Shape = tuple[Dim, ...]
-
-
-@dataclass(frozen=True)
-class TensorInfo:
-    """What the planner knows about a tensor: dtype, shape and, for constants, the value."""
-
-    dtype: np.dtype
-    shape: Shape
-    value: np.ndarray | None = field(default=None, compare=False, repr=False)
-
-    @staticmethod
-    def of(array: np.ndarray) -> "TensorInfo":
-        """The info of a known array (a constant)."""
-        return TensorInfo(array.dtype, tuple(array.shape), array)
-
-    @property
-    def static(self) -> bool:
-        """True when every dim is a concrete size."""
-        return all(isinstance(d, int) for d in self.shape)
-
-    @property
-    def rank(self) -> int:
-        return len(self.shape)
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes of the tensor; only for static shapes."""
-        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
-
+from ..ir import Dim, Shape, TensorInfo
 
 @dataclass(frozen=True)
 class OpContext:

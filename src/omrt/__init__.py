@@ -1,0 +1,31 @@
+"""omrt: compile ONNX models ahead of time into self-contained `.om` files; run them zero-copy.
+
+`omrt.load` and everything it reaches import only numpy and the standard library;
+`omrt.compile` additionally needs the `onnx` package.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
+
+from .errors import (BindError, CompileError, FormatError, InputError, KernelError, OmrtError,
+                     ShapeError, UnsupportedOpError)
+from .runtime import IOSpec, Model, Session, Stats, load
+
+if TYPE_CHECKING:
+    from .compiler import CompileResult
+
+__version__ = "0.1.0"
+
+
+def compile(model: Any, output: str | os.PathLike, shapes: Mapping[str, Sequence[int]] | None = None,
+            progress: Any = None) -> "CompileResult":
+    """Compile an ONNX model (path, bytes or ModelProto) into the `.om` file `output`."""
+    from .compiler import compile_model
+
+    return compile_model(model, output, shapes=shapes, progress=progress)
+
+
+__all__ = ["BindError", "CompileError", "FormatError", "IOSpec", "InputError", "KernelError", "Model",
+           "OmrtError", "Session", "ShapeError", "Stats", "UnsupportedOpError", "compile", "load"]

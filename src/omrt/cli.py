@@ -1,0 +1,160 @@
+"""The `omrt` command line: compile, run, inspect, demo."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from typing import Sequence
+
+import numpy as np
+
+from .errors import OmrtError
+
+
+def _shape_arg(text: str) -> tuple[str, tuple[int, ...]]:
+    name, sep, dims = text.rpartition("=")
+    try:
+        if not sep or not name:
+            raise ValueError
+        return name, tuple(int(d) for d in dims.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--shape {text!r}: expected NAME=D1xD2x..., e.g. "
+                                         f"input=1x3x224x224") from None
+
+
+def _input_arg(text: str) -> tuple[str, str]:
+    name, sep, path = text.partition("=")
+    if not sep or not name or not path:
+        raise argparse.ArgumentTypeError(f"--input {text!r}: expected NAME=FILE.npy")
+    return name, path
+
+
+def cmd_compile(args: argparse.Namespace) -> int:
+    import omrt
+
+    def progress(msg: str) -> None:
+        if not args.quiet:
+            print(f"  {msg}", file=sys.stderr)
+
+    res = omrt.compile(args.model, args.output, shapes=dict(args.shape or []), progress=progress)
+    from .report import mib, plan_figures
+
+    print(f"{args.output}: {mib(res.file_size)} ({mib(res.weights_bytes)} weights), "
+          f"{len(res.graph.nodes)} nodes, compiled in {res.seconds:.2f} s")
+    if res.program is not None:
+        print(f"  {plan_figures(res.program)}")
+    else:
+        print("  input shapes are symbolic: plans are made per input signature at run time")
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    import omrt
+    from .demo import backend_input
+
+    model = omrt.load(args.model)
+    sess = model.session()
+    given = dict(args.input or [])
+    feeds = {}
+    for spec in model.inputs:
+        if spec.name in given:
+            feeds[spec.name] = np.load(given.pop(spec.name))
+        elif all(isinstance(d, int) for d in spec.shape) and spec.dtype.kind == "f":
+            feeds[spec.name] = backend_input(tuple(spec.shape)).astype(spec.dtype)
+            print(f"input {spec.name!r}: not given, using arange(n)/n of shape {list(spec.shape)}")
+        else:
+            raise omrt.InputError(f"input {spec.name!r} ({spec.dtype}, {list(spec.shape)}) is required: "
+                                  f"pass --input {spec.name}=FILE.npy")
+    if given:
+        raise omrt.InputError(f"--input names {sorted(given)}, which are not inputs; the inputs are "
+                              f"{[s.name for s in model.inputs]}")
+    for name, arr in feeds.items():
+        sess.bind(name, arr)
+    outputs = sess.run()
+    times = []
+    for _ in range(args.repeat):
+        t = time.perf_counter()
+        sess.run()
+        times.append(time.perf_counter() - t)
+    for name, arr in outputs.items():
+        flat = arr.ravel()
+        print(f"output {name!r}: {arr.dtype} {list(arr.shape)}  first values {flat[:5].tolist()}")
+        if args.output_dir:
+            os.makedirs(args.output_dir, exist_ok=True)
+            np.save(os.path.join(args.output_dir, f"{name.replace('/', '_')}.npy"), arr)
+    if times:
+        print(f"latency over {len(times)} runs: median {statistics.median(times) * 1e3:.3f} ms, "
+              f"min {min(times) * 1e3:.3f} ms")
+    s = sess.stats
+    print(f"runs {s.runs}, bytes copied {s.bytes_copied}, arena {s.arena_bytes}, lower bound {s.lower_bound}")
+    return 0
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    import omrt
+    from .report import describe, plot
+
+    model = omrt.load(args.model, verify=args.verify)
+    print(describe(model, plan=args.plan))
+    if args.verify:
+        print("weights digest: ok")
+    if args.plot:
+        if model.default is None:
+            raise omrt.OmrtError("the model stores no plan (symbolic input shapes): nothing to plot")
+        plot(model, args.plot)
+        print(f"plan picture written to {args.plot}")
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from .demo import main as demo
+
+    return demo(args.model, args.repeat)
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="omrt", description="Ahead-of-time compiler and zero-copy runtime "
+                                 "for ONNX models.")
+    sub = ap.add_subparsers(dest="command", required=True)
+    c = sub.add_parser("compile", help="compile an ONNX model into a .om file")
+    c.add_argument("model", help="the .onnx file")
+    c.add_argument("output", help="the .om file to write")
+    c.add_argument("--shape", action="append", type=_shape_arg, metavar="NAME=D1xD2...",
+                   help="fix an input's shape (repeatable)")
+    c.add_argument("-q", "--quiet", action="store_true", help="no progress messages")
+    c.set_defaults(fn=cmd_compile)
+    r = sub.add_parser("run", help="run a .om model and print its outputs and latency")
+    r.add_argument("model")
+    r.add_argument("--input", action="append", type=_input_arg, metavar="NAME=FILE.npy")
+    r.add_argument("--repeat", type=int, default=0, help="timed runs after the first")
+    r.add_argument("--output-dir", help="save outputs as .npy files here")
+    r.set_defaults(fn=cmd_run)
+    i = sub.add_parser("inspect", help="show a .om file's partitions, I/O, kernels and memory plan")
+    i.add_argument("model")
+    i.add_argument("--plan", action="store_true", help="list tasks and draw the arena over time")
+    i.add_argument("--plot", metavar="FILE.png|svg", help="write a picture of the memory plan")
+    i.add_argument("--verify", action="store_true", help="also check the weights' digest")
+    i.set_defaults(fn=cmd_inspect)
+    d = sub.add_parser("demo", help="compile, run and check a real network shipped with onnx")
+    d.add_argument("--model", default="squeezenet",
+                   choices=["bvlc_alexnet", "densenet121", "inception_v1", "inception_v2", "resnet50",
+                            "shufflenet", "squeezenet", "vgg19", "zfnet512"])
+    d.add_argument("--repeat", type=int, default=50)
+    d.set_defaults(fn=cmd_demo)
+    return ap
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        return args.fn(args)
+    except OmrtError as e:
+        print(f"omrt: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,97 @@
+"""The compiler: ONNX -> IR -> folded, fused graph -> memory plan -> `.om` file. Needs `onnx`."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import struct
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+import onnx
+
+from .. import __version__
+from ..format import Part, write
+from ..infer import propagate
+from ..ir import Graph
+from ..lower import Program, lower
+from ..modeldef import encode, weight_layout
+from .importer import import_model, load_model
+from .passes import optimize
+
+KERNEL_ABI = 1
+
+
+@dataclass
+class CompileResult:
+    """What a compile produced: the file, its size, the plan figures and the time it took."""
+
+    path: str
+    file_size: int
+    weights_bytes: int
+    program: Program | None
+    graph: Graph
+    seconds: float
+
+
+def _environment() -> dict[str, str]:
+    return {"omrt": __version__, "kernel_abi": str(KERNEL_ABI), "python": platform.python_version(),
+            "numpy": np.__version__, "onnx": onnx.__version__, "os": platform.system(),
+            "machine": platform.machine(), "byteorder": "little"}
+
+
+def _weights_writer(graph: Graph, layout: dict[str, tuple[int, int]]) -> Callable:
+    def produce(sink: Callable[[bytes | memoryview], None]) -> None:
+        cursor = 0
+        for name, (off, nbytes) in layout.items():
+            if off > cursor:
+                sink(b"\0" * (off - cursor))
+            arr = np.ascontiguousarray(graph.constants[name])
+            if arr.dtype.byteorder == ">":
+                arr = arr.astype(arr.dtype.newbyteorder("<"))
+            sink(memoryview(arr).cast("B"))
+            cursor = off + nbytes
+    return produce
+
+
+def _kernel_store(sink: Callable[[bytes], None]) -> None:
+    """The KERNELS partition: a count followed by packed kernels (none are packed yet)."""
+    sink(struct.pack("<I", 0))
+
+
+def compile_model(model: Any, output: str | os.PathLike, shapes: Mapping[str, Sequence[int]] | None = None,
+                  progress: Callable[[str], None] | None = None) -> CompileResult:
+    """Compile `model` into `output`; on any failure nothing is written."""
+    t0 = time.perf_counter()
+    say = progress or (lambda msg: None)
+    say("reading the ONNX model")
+    proto = load_model(model)
+    say("importing")
+    graph = import_model(proto, shapes)
+    say("inferring shapes and folding constants")
+    propagate(graph, fold=True)
+    say("fusing")
+    optimize(graph)
+    program = None
+    if all(graph.infos[v].static for v in graph.inputs):
+        say("planning memory")
+        program = lower(graph)
+    layout = weight_layout(graph.constants)
+    weights_bytes = sum(n for _, n in layout.values())
+    metadata = {"producer": f"{proto.producer_name} {proto.producer_version}".strip(),
+                "doc": proto.doc_string, "graph": proto.graph.name}
+    modeldef = encode(graph, layout, program, metadata)
+    env = json.dumps(_environment()).encode()
+    plans = json.dumps({"programs": []}).encode()
+    say(f"writing {weights_bytes / 1e6:.1f} MB of weights")
+    size = write(output, [
+        (Part.MODEL_DEF, lambda sink: sink(modeldef)),
+        (Part.WEIGHTS, _weights_writer(graph, layout)),
+        (Part.KERNELS, _kernel_store),
+        (Part.PLANS, lambda sink: sink(plans)),
+        (Part.ENV, lambda sink: sink(env)),
+    ], progress=say)
+    return CompileResult(os.fspath(output), size, weights_bytes, program, graph, time.perf_counter() - t0)

@@ -1,0 +1,160 @@
+"""Graph rewrites run once at compile time: dead code, BatchNorm folding, producer fusion."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..ir import Graph, Node
+from ..kernels import lookup
+from ..kernels.base import FUSED_ACTIVATIONS, UnsupportedOpError
+
+
+def remove_dead_code(graph: Graph) -> Graph:
+    """Drop nodes none of whose outputs reach a graph output, and unused constants."""
+    live = set(graph.outputs)
+    kept: list[Node] = []
+    for node in reversed(graph.nodes):
+        if any(o in live for o in node.outputs if o):
+            kept.append(node)
+            live.update(v for v in node.inputs if v)
+    graph.nodes = kept[::-1]
+    graph.constants = {k: v for k, v in graph.constants.items() if k in live}
+    graph.infos = {k: v for k, v in graph.infos.items()
+                   if k in live or k in graph.inputs or any(k in n.outputs for n in graph.nodes)}
+    return graph
+
+
+def _sole_consumer(graph: Graph, value: str, uses: dict[str, list[int]]) -> int | None:
+    """The index of the only node reading `value`, if it is read once and is not a graph output."""
+    readers = uses.get(value, [])
+    if len(readers) != 1 or value in graph.outputs:
+        return None
+    return readers[0]
+
+
+def _rewire(graph: Graph, old: str, new: str) -> None:
+    """Make every reader of `old` read `new` instead (and graph outputs keep their names)."""
+    for n in graph.nodes:
+        n.inputs = [new if v == old else v for v in n.inputs]
+
+
+def fold_batchnorm(graph: Graph) -> Graph:
+    """Conv followed by inference BatchNormalization with constant statistics -> one Conv.
+
+    W' = W * s, B' = (B - mean) * s + beta with s = scale / sqrt(var + epsilon), per output channel.
+    """
+    uses = graph.consumers()
+    drop: set[int] = set()
+    for i, conv in enumerate(graph.nodes):
+        if conv.op_type != "Conv" or conv.domain or len(conv.inputs) < 2:
+            continue
+        j = _sole_consumer(graph, conv.outputs[0], uses)
+        if j is None:
+            continue
+        bn = graph.nodes[j]
+        if bn.op_type != "BatchNormalization" or len([o for o in bn.outputs if o]) != 1:
+            continue
+        if bn.attrs.get("training_mode", 0):
+            continue
+        stats = [graph.constants.get(v) for v in bn.inputs[1:5]]
+        w = graph.constants.get(conv.inputs[1])
+        b = graph.constants.get(conv.inputs[2]) if len(conv.inputs) > 2 and conv.inputs[2] else None
+        if w is None or any(s is None for s in stats) or (len(conv.inputs) > 2 and conv.inputs[2] and b is None):
+            continue
+        scale, beta, mean, var = (np.asarray(s, np.float64) for s in stats)
+        s = scale / np.sqrt(var + bn.attrs.get("epsilon", 1e-5))
+        new_w = (w * s.reshape((-1,) + (1,) * (w.ndim - 1))).astype(w.dtype)
+        new_b = ((0.0 if b is None else b) - mean) * s + beta
+        wname, bname = f"{conv.outputs[0]}__bn_w", f"{conv.outputs[0]}__bn_b"
+        graph.constants[wname] = new_w
+        graph.constants[bname] = new_b.astype(w.dtype)
+        conv.inputs = [conv.inputs[0], wname, bname]
+        out = bn.outputs[0]
+        graph.infos[out] = graph.infos[conv.outputs[0]]
+        conv.outputs = [out]
+        drop.add(j)
+    graph.nodes = [n for k, n in enumerate(graph.nodes) if k not in drop]
+    return remove_dead_code(graph)
+
+
+def _activation_attrs(node: Node, graph: Graph) -> dict | None:
+    """The `_act*` attributes that fold activation `node` into its producer, or None if it cannot."""
+    op = node.op_type
+    if op not in FUSED_ACTIVATIONS or node.domain:
+        return None
+    if op == "LeakyRelu":
+        return {"_act": op, "_act_alpha": float(node.attrs.get("alpha", 0.01))}
+    if op == "HardSigmoid":
+        return {"_act": op, "_act_alpha": float(node.attrs.get("alpha", 0.2)),
+                "_act_beta": float(node.attrs.get("beta", 0.5))}
+    if op == "Clip":
+        if graph.opset("") < 11:
+            lo, hi = node.attrs.get("min", -np.inf), node.attrs.get("max", np.inf)
+        else:
+            names = (list(node.inputs[1:3]) + ["", ""])[:2]
+            if any(v and v not in graph.constants for v in names):
+                return None
+            lo, hi = (graph.constants[v] if v else d for v, d in zip(names, (-np.inf, np.inf)))
+        return {"_act": op, "_act_alpha": float(lo), "_act_beta": float(hi)}
+    return {"_act": op}
+
+
+def fuse_activations(graph: Graph) -> Graph:
+    """Fold an activation into the producer of its input when the producer's kernel applies it."""
+    uses = graph.consumers()
+    producers = graph.producers()
+    drop: set[int] = set()
+    for j, act in enumerate(graph.nodes):
+        attrs = _activation_attrs(act, graph)
+        if attrs is None or not act.inputs or act.inputs[0] not in producers:
+            continue
+        i = producers[act.inputs[0]]
+        prod = graph.nodes[i]
+        if i in drop or "_act" in prod.attrs or _sole_consumer(graph, act.inputs[0], uses) != j:
+            continue
+        cls = lookup(prod.op_type, graph.opset(prod.domain), prod.domain, prod.label)
+        if attrs["_act"] not in cls.fuses or graph.infos[act.inputs[0]].dtype.kind != "f":
+            continue
+        prod.attrs = {**prod.attrs, **attrs}
+        prod.outputs = [act.outputs[0]] + prod.outputs[1:]
+        drop.add(j)
+    graph.nodes = [n for k, n in enumerate(graph.nodes) if k not in drop]
+    return remove_dead_code(graph)
+
+
+def fuse_matmul_bias(graph: Graph) -> Graph:
+    """MatMul(A, B) + bias (a constant over the last dim) -> omrt::FusedMatMul(A, B, bias)."""
+    try:
+        lookup("FusedMatMul", 1, "omrt")
+    except UnsupportedOpError:
+        return graph
+    uses = graph.consumers()
+    drop: set[int] = set()
+    for i, mm in enumerate(graph.nodes):
+        if mm.op_type != "MatMul" or mm.domain:
+            continue
+        j = _sole_consumer(graph, mm.outputs[0], uses)
+        if j is None:
+            continue
+        add = graph.nodes[j]
+        if add.op_type != "Add" or add.domain:
+            continue
+        bias = next((v for v in add.inputs if v != mm.outputs[0]), None)
+        bval = graph.constants.get(bias) if bias else None
+        out_info = graph.infos[add.outputs[0]]
+        if (bval is None or bval.ndim != 1 or out_info != graph.infos[mm.outputs[0]]
+                or bval.shape[0] != out_info.shape[-1] or bval.dtype != out_info.dtype):
+            continue
+        graph.nodes[i] = Node("FusedMatMul", [mm.inputs[0], mm.inputs[1], bias], [add.outputs[0]],
+                              {}, "omrt", mm.name)
+        graph.opsets.setdefault("omrt", 1)
+        drop.add(j)
+    graph.nodes = [n for k, n in enumerate(graph.nodes) if k not in drop]
+    return remove_dead_code(graph)
+
+
+def optimize(graph: Graph) -> Graph:
+    """The compile-time pipeline, in the order that exposes the most fusion."""
+    for rewrite in (remove_dead_code, fold_batchnorm, fuse_matmul_bias, fuse_activations):
+        graph = rewrite(graph)
+    return graph

@@ -1,0 +1,176 @@
+"""The `.om` container: fixed header, partition table with digests, aligned partitions.
+
+Layout (little-endian; see docs/format.md):
+
+    header (64 bytes)   magic, version, flags, partition count, table offset, file size
+    table               one 56-byte entry per partition: type, flags, offset, size, sha256
+    partitions          each starting on a 4096-byte boundary, so WEIGHTS can be mapped in place
+
+Writing is atomic (temporary file in the target's folder, then rename); reading checks every
+offset and size against the file before using it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import mmap
+import os
+import struct
+import tempfile
+from dataclasses import dataclass
+from enum import IntEnum
+from typing import BinaryIO, Callable, Iterable
+
+from .errors import FormatError
+
+MAGIC = b"OMRT\x00\r\n\x1a"
+VERSION = (1, 0)
+HEADER = struct.Struct("<8sHHIIQQ28x")
+ENTRY = struct.Struct("<IIQQ32s")
+PAGE = 4096
+
+
+class Part(IntEnum):
+    """Partition types."""
+
+    MODEL_DEF = 1
+    WEIGHTS = 2
+    KERNELS = 3
+    PLANS = 4
+    ENV = 5
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One row of the partition table."""
+
+    type: int
+    flags: int
+    offset: int
+    size: int
+    digest: bytes
+
+
+Writer = Callable[[Callable[[bytes | memoryview], None]], None]
+"""A partition's content, produced by calling the given write function with chunks."""
+
+
+def write(path: str | os.PathLike, parts: Iterable[tuple[Part, Writer]], flags: int = 0,
+          progress: Callable[[str], None] | None = None) -> int:
+    """Write partitions to `path` atomically; returns the file size. Nothing is left on failure."""
+    path = os.fspath(path)
+    parts = list(parts)
+    folder = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=".omrt-", suffix=".tmp", dir=folder)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            table_at = HEADER.size
+            first = _round(table_at + ENTRY.size * len(parts), PAGE)
+            f.write(b"\0" * first)
+            entries = []
+            for kind, produce in parts:
+                if progress:
+                    progress(f"writing {kind.name}")
+                start = _pad_to(f, PAGE)
+                h = hashlib.sha256()
+
+                def sink(chunk: bytes | memoryview, h=h) -> None:
+                    h.update(chunk)
+                    f.write(chunk)
+
+                produce(sink)
+                entries.append(Entry(int(kind), 0, start, f.tell() - start, h.digest()))
+            size = f.tell()
+            f.seek(0)
+            f.write(HEADER.pack(MAGIC, *VERSION, flags, len(entries), table_at, size))
+            for e in entries:
+                f.write(ENTRY.pack(e.type, e.flags, e.offset, e.size, e.digest))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        return size
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+def _round(n: int, a: int) -> int:
+    return (n + a - 1) // a * a
+
+
+def _pad_to(f: BinaryIO, a: int) -> int:
+    pos = f.tell()
+    target = _round(pos, a)
+    if target > pos:
+        f.write(b"\0" * (target - pos))
+    return target
+
+
+class OmFile:
+    """A mapped `.om` file whose header and table have been checked."""
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = os.fspath(path)
+        try:
+            with open(self.path, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                if size < HEADER.size:
+                    raise FormatError(f"{self.path!r} is {size} bytes, too short for an omrt model "
+                                      f"(header is {HEADER.size}); the file is truncated or not a .om")
+                self.map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        except FileNotFoundError:
+            raise FormatError(f"model file {self.path!r} does not exist") from None
+        except IsADirectoryError:
+            raise FormatError(f"{self.path!r} is a directory, not a .om file") from None
+        magic, major, minor, self.flags, count, table_at, declared = HEADER.unpack_from(self.map, 0)
+        if magic != MAGIC:
+            raise FormatError(f"{self.path!r} is not an omrt model (bad magic {magic!r}); compile the "
+                              f"ONNX model with `omrt compile`")
+        if major != VERSION[0]:
+            raise FormatError(f"{self.path!r} has format version {major}.{minor}; this omrt reads "
+                              f"{VERSION[0]}.x: recompile the model with this omrt")
+        self.version = (major, minor)
+        if declared != size:
+            raise FormatError(f"{self.path!r} is {size} bytes but its header says {declared}: the file "
+                              f"is truncated or was appended to")
+        if count > 64 or table_at + count * ENTRY.size > size:
+            raise FormatError(f"{self.path!r}: partition table ({count} entries at {table_at}) does not "
+                              f"fit in the file; it is corrupted")
+        self.entries: dict[int, Entry] = {}
+        spans = []
+        for i in range(count):
+            e = Entry(*ENTRY.unpack_from(self.map, table_at + i * ENTRY.size))
+            if e.offset + e.size > size or e.offset < table_at + count * ENTRY.size:
+                raise FormatError(f"{self.path!r}: partition {i} (type {e.type}) spans "
+                                  f"[{e.offset}, {e.offset + e.size}), outside the file's data")
+            if e.type in self.entries:
+                raise FormatError(f"{self.path!r}: partition type {e.type} appears twice")
+            self.entries[e.type] = e
+            spans.append((e.offset, e.offset + e.size))
+        spans.sort()
+        for (a0, a1), (b0, _) in zip(spans, spans[1:]):
+            if b0 < a1:
+                raise FormatError(f"{self.path!r}: partitions overlap at byte {b0}; it is corrupted")
+
+    def has(self, kind: Part) -> bool:
+        return int(kind) in self.entries
+
+    def entry(self, kind: Part) -> Entry:
+        if int(kind) not in self.entries:
+            raise FormatError(f"{self.path!r} has no {kind.name} partition; it is damaged or foreign")
+        return self.entries[int(kind)]
+
+    def view(self, kind: Part, verify: bool = True) -> memoryview:
+        """The bytes of a partition (zero-copy), checked against its digest when `verify`."""
+        e = self.entry(kind)
+        mv = memoryview(self.map)[e.offset:e.offset + e.size]
+        if verify and hashlib.sha256(mv).digest() != e.digest:
+            raise FormatError(f"{self.path!r}: the {kind.name} partition does not match its digest; "
+                              f"the file is corrupted: recompile or copy it again")
+        return mv
+
+    def close(self) -> None:
+        self.map.close()

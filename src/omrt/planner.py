@@ -1,0 +1,114 @@
+"""Feature-map memory planning: offsets for buffers with known lifetimes, and the figures that judge it.
+
+The algorithm is greedy by size with best-fit gaps (as TFLite Micro's greedy planner and
+Pisarchyk & Lee 2020, "Efficient Memory Management for Deep Neural Net Inference"):
+
+1. Sort buffers by size, largest first (ties: earliest first use, then id, so plans are stable).
+2. For each buffer, collect the already placed buffers whose lifetimes intersect its own.
+3. Walk those by offset and find the gaps between them; take the smallest gap that holds the
+   buffer (best fit), or else the first offset past all of them.
+4. The arena is the highest end of any buffer.
+
+Lifetimes are closed intervals of task indices: a buffer is live from the task that writes it to
+the last task that reads it (or any of its aliases). Every offset and size is a multiple of ALIGN.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable
+
+ALIGN = 64
+
+
+def align(n: int, a: int = ALIGN) -> int:
+    """Round `n` up to a multiple of `a`."""
+    return (n + a - 1) // a * a
+
+
+@dataclass
+class Block:
+    """One feature-map buffer: a tensor (with its aliases and in-place successors) or a workspace."""
+
+    label: str
+    size: int
+    first: int
+    last: int
+    offset: int = -1
+
+    def overlaps_in_time(self, other: "Block") -> bool:
+        return self.first <= other.last and other.first <= self.last
+
+    def overlaps_in_space(self, other: "Block") -> bool:
+        return self.offset < other.offset + other.size and other.offset < self.offset + self.size
+
+
+def place(blocks: list[Block]) -> int:
+    """Assign every block an offset (greedy by size, best fit); returns the arena size."""
+    order = sorted(range(len(blocks)), key=lambda i: (-blocks[i].size, blocks[i].first, i))
+    placed: list[Block] = []
+    arena = 0
+    for i in order:
+        b = blocks[i]
+        b.size = align(b.size)
+        live = sorted((p for p in placed if p.overlaps_in_time(b)), key=lambda p: p.offset)
+        best_off, best_gap, cursor = None, None, 0
+        for p in live:
+            gap = p.offset - cursor
+            if gap >= b.size and (best_gap is None or gap < best_gap):
+                best_off, best_gap = cursor, gap
+            cursor = max(cursor, p.offset + p.size)
+        b.offset = cursor if best_off is None else best_off
+        placed.append(b)
+        arena = max(arena, b.offset + b.size)
+    return arena
+
+
+def lower_bound(blocks: Iterable[Block]) -> int:
+    """The most bytes live at any one task: no plan can use less."""
+    events: dict[int, int] = {}
+    for b in blocks:
+        events[b.first] = events.get(b.first, 0) + align(b.size)
+        events[b.last + 1] = events.get(b.last + 1, 0) - align(b.size)
+    peak = live = 0
+    for t in sorted(events):
+        live += events[t]
+        peak = max(peak, live)
+    return peak
+
+
+def naive_size(blocks: Iterable[Block]) -> int:
+    """Bytes needed with no sharing at all."""
+    return sum(align(b.size) for b in blocks)
+
+
+def overlaps(blocks: list[Block]) -> list[tuple[Block, Block]]:
+    """Pairs of blocks live at the same time whose bytes intersect (must be empty)."""
+    by_start = sorted(blocks, key=lambda b: b.offset)
+    bad = []
+    for i, a in enumerate(by_start):
+        for b in by_start[i + 1:]:
+            if b.offset >= a.offset + a.size:
+                break
+            if a.overlaps_in_time(b):
+                bad.append((a, b))
+    return bad
+
+
+def picture(blocks: list[Block], arena: int, tasks: int, width: int = 72, height: int = 32) -> str:
+    """ASCII picture: rows are tasks (time), columns are arena bytes; a letter per live block."""
+    if not blocks or arena == 0:
+        return "(empty arena)"
+    glyphs = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
+    step = max(1, -(-max(tasks, 1) // height))
+    lines = []
+    for t0 in range(0, max(tasks, 1), step):
+        row = ["."] * width
+        for k, b in enumerate(blocks):
+            if b.first <= t0 + step - 1 and t0 <= b.last:
+                lo = b.offset * width // arena
+                hi = max(lo + 1, (b.offset + b.size) * width // arena)
+                for c in range(lo, min(hi, width)):
+                    row[c] = glyphs[k % len(glyphs)]
+        lines.append(f"{t0:5d} |{''.join(row)}|")
+    return "\n".join(lines)

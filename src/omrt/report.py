@@ -1,0 +1,101 @@
+"""Human-readable views of a loaded model: partitions, I/O, plan figures, and a plot of the arena."""
+
+from __future__ import annotations
+
+import html
+from collections import Counter
+
+from .format import Part
+from .lower import Program
+from .planner import picture
+from .runtime import Model
+
+
+def mib(n: int) -> str:
+    return f"{n / (1 << 20):.2f} MiB"
+
+
+def plan_figures(p: Program) -> str:
+    """Arena, lower bound and naive size on one line, with the ratio the planner is judged by."""
+    ratio = p.arena_size / p.lower_bound if p.lower_bound else 1.0
+    return (f"arena {mib(p.arena_size)}  lower bound {mib(p.lower_bound)}  (x{ratio:.3f})  "
+            f"naive {mib(p.naive_size)}  I/O fallback {mib(p.io_size)}")
+
+
+def describe(model: Model, plan: bool = False) -> str:
+    """The text `omrt inspect` prints."""
+    f = model._file
+    lines = [f"{model.path}: omrt format {f.version[0]}.{f.version[1]}, {mib(model.file_size)}"]
+    lines.append("partitions:")
+    for e in sorted(f.entries.values(), key=lambda e: e.offset):
+        name = Part(e.type).name if e.type in Part._value2member_map_ else f"type {e.type}"
+        lines.append(f"  {name:<10} offset {e.offset:>12}  size {e.size:>12}  sha256 {e.digest.hex()[:16]}")
+    lines.append("inputs:")
+    lines += [f"  {s.name}: {s.dtype.name} {list(s.shape)}" for s in model.inputs]
+    lines.append("outputs:")
+    lines += [f"  {s.name}: {s.dtype.name} {list(s.shape)}" for s in model.outputs]
+    ops = Counter(n.op_type for n in model.graph.nodes)
+    lines.append(f"kernels: {len(model.graph.nodes)} nodes, " +
+                 ", ".join(f"{op} x{c}" for op, c in ops.most_common()))
+    lines.append(f"weights: {len(model.graph.constants)} tensors")
+    lines.append(f"environment: " + ", ".join(f"{k} {v}" for k, v in model.env.items()))
+    prep = model.default
+    if prep is None:
+        lines.append("plan: none stored (input shapes are symbolic; planned per input signature at run time)")
+        return "\n".join(lines)
+    p = prep.program
+    lines.append(f"plan: {len(p.tasks)} tasks, {len(p.blocks)} feature-map blocks")
+    lines.append("  " + plan_figures(p))
+    for name, why in p.copy_only.items():
+        lines.append(f"  copy-only output {name!r}: {why}")
+    if plan:
+        lines.append("tasks:")
+        for t, task in enumerate(p.tasks):
+            node = model.graph.nodes[task.node]
+            ws = f"  workspace {task.ws_size}@{task.ws_offset}" if task.ws_size else ""
+            outs = ", ".join(f"{v}->{p.places[v].region}@{p.places[v].offset}"
+                             for v in task.outputs if v in p.places)
+            lines.append(f"  {t:4d} {node.op_type:<20} {outs}{ws}")
+        lines.append("arena over time (rows: tasks, columns: bytes):")
+        lines.append(picture(p.blocks, p.arena_size, len(p.tasks)))
+    return "\n".join(lines)
+
+
+def plot(model: Model, path: str) -> None:
+    """Draw which block holds which arena bytes at which task, as SVG (stdlib) or PNG (matplotlib)."""
+    p = model.default.program
+    if path.endswith(".svg"):
+        with open(path, "w") as f:
+            f.write(_svg(p))
+        return
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(10, 6))
+    for k, b in enumerate(p.blocks):
+        ax.add_patch(plt.Rectangle((b.first, b.offset / 2**20), b.last - b.first + 1, b.size / 2**20,
+                                   color=plt.cm.tab20(k % 20), alpha=0.8))
+    ax.set_xlim(0, max(len(p.tasks), 1))
+    ax.set_ylim(0, max(p.arena_size, 1) / 2**20)
+    ax.set_xlabel("task")
+    ax.set_ylabel("arena offset (MiB)")
+    ax.set_title(plan_figures(p), fontsize=8)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+
+
+def _svg(p: Program, w: int = 900, h: int = 500) -> str:
+    sx = w / max(len(p.tasks), 1)
+    sy = h / max(p.arena_size, 1)
+    rects = []
+    for k, b in enumerate(p.blocks):
+        hue = (k * 47) % 360
+        rects.append(f'<rect x="{b.first * sx:.1f}" y="{b.offset * sy:.1f}" '
+                     f'width="{(b.last - b.first + 1) * sx:.1f}" height="{max(b.size * sy, 0.5):.1f}" '
+                     f'fill="hsl({hue},60%,60%)"><title>{html.escape(b.label)}: {b.size} bytes, '
+                     f'tasks {b.first}-{b.last}</title></rect>')
+    return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h + 20}">'
+            f'<text x="0" y="{h + 15}" font-size="11">{html.escape(plan_figures(p))}</text>'
+            + "".join(rects) + "</svg>")

@@ -1,0 +1,148 @@
+"""A loaded `.om` model: mapped weights, decoded graph, prepared programs shared by its sessions."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from ..errors import FormatError, InputError
+from ..format import OmFile, Part
+from ..infer import context, propagate
+from ..ir import Graph, Shape, TensorInfo
+from ..kernels import lookup
+from ..kernels.base import Kernel
+from ..lower import DYNAMIC, Program, lower
+from ..modeldef import decode, decode_program
+
+
+@dataclass(frozen=True)
+class IOSpec:
+    """A model input or output: name, dtype and shape (symbolic dims are strings)."""
+
+    name: str
+    dtype: np.dtype
+    shape: Shape
+
+
+@dataclass
+class Prepared:
+    """A program with a kernel instance per task (None for tasks prepared at run time)."""
+
+    program: Program
+    graph: Graph
+    kernels: list[Kernel | None]
+
+    def info(self, value: str) -> TensorInfo:
+        return TensorInfo(self.graph.infos[value].dtype, tuple(self.program.shapes[value]))
+
+
+def prepare(graph: Graph, program: Program) -> Prepared:
+    """Instantiate every task's kernel with the program's concrete shapes."""
+    kernels: list[Kernel | None] = []
+    for task in program.tasks:
+        node = graph.nodes[task.node]
+        if any(program.places.get(v) is not None and program.places[v].region == DYNAMIC
+               for v in task.outputs if v):
+            kernels.append(None)
+            continue
+        cls = lookup(node.op_type, graph.opset(node.domain), node.domain, node.label)
+        ins = [None if not v else (graph.infos[v] if v in graph.constants
+                                   else TensorInfo(graph.infos[v].dtype, tuple(program.shapes[v])))
+               for v in task.inputs]
+        outs = [TensorInfo(graph.infos[v].dtype, tuple(program.shapes[v])) if v in program.shapes
+                else None for v in task.outputs]
+        ctx = context(node, graph)
+        if any(o is None for o in outs):
+            outs = cls.infer(ctx, ins)
+        kernels.append(cls(ctx, ins, outs))
+    return Prepared(program, graph, kernels)
+
+
+def _signature_key(shapes: Mapping[str, Sequence[int]]) -> tuple:
+    return tuple(sorted((k, tuple(int(d) for d in v)) for k, v in shapes.items()))
+
+
+class Model:
+    """A compiled model mapped from a `.om` file; make sessions to run it."""
+
+    def __init__(self, path: str | os.PathLike, verify: bool = False) -> None:
+        self.path = os.fspath(path)
+        self._file = OmFile(self.path)
+        weights = self._file.view(Part.WEIGHTS, verify=verify)
+        try:
+            self.env = json.loads(bytes(self._file.view(Part.ENV)))
+            plans = json.loads(bytes(self._file.view(Part.PLANS)))
+        except ValueError as e:
+            raise FormatError(f"{self.path!r}: ENV or PLANS partition is not valid JSON; the file is "
+                              f"corrupted") from e
+        self._file.view(Part.KERNELS)
+        self.graph, program, self.metadata = decode(self._file.view(Part.MODEL_DEF), weights, self.path)
+        self.file_size = os.path.getsize(self.path)
+        self.inputs = [IOSpec(v, self.graph.infos[v].dtype, self.graph.infos[v].shape)
+                       for v in self.graph.inputs]
+        self.outputs = [IOSpec(v, self.graph.infos[v].dtype, self.graph.infos[v].shape)
+                        for v in self.graph.outputs]
+        self._lock = threading.Lock()
+        self._prepared: dict[tuple, Prepared] = {}
+        stored = ([program] if program else []) + [decode_program(p) for p in plans.get("programs", [])]
+        self._stored = {_signature_key(p.signature): p for p in stored}
+        if program is not None:
+            self.default = self.prepared(program.signature)
+        else:
+            self.default = None
+
+    def __repr__(self) -> str:
+        ins = ", ".join(f"{s.name}: {s.dtype.name}{list(s.shape)}" for s in self.inputs)
+        outs = ", ".join(f"{s.name}: {s.dtype.name}{list(s.shape)}" for s in self.outputs)
+        return f"<omrt.Model {os.path.basename(self.path)} ({ins}) -> ({outs})>"
+
+    def check_shapes(self, shapes: Mapping[str, Sequence[int]]) -> None:
+        """Raise InputError unless every shape agrees with the input's declared rank and fixed dims."""
+        for spec in self.inputs:
+            shape = shapes[spec.name]
+            ok = len(shape) == len(spec.shape) and all(
+                not isinstance(d, int) or d == s for d, s in zip(spec.shape, shape))
+            if not ok:
+                raise InputError(f"input {spec.name!r} has shape {tuple(shape)}, the model expects "
+                                 f"{tuple(spec.shape)} (strings are free dims); pass an array of that "
+                                 f"shape or recompile with --shape")
+
+    def prepared(self, shapes: Mapping[str, Sequence[int]]) -> Prepared:
+        """The prepared program for these input shapes: stored in the file, cached, or planned now."""
+        key = _signature_key(shapes)
+        with self._lock:
+            hit = self._prepared.get(key)
+            if hit is not None:
+                return hit
+            program = self._stored.get(key)
+            if program is not None:
+                prep = prepare(self.graph, program)
+            else:
+                self.check_shapes(shapes)
+                prep = self._specialize(shapes)
+            self._prepared[key] = prep
+            return prep
+
+    def _specialize(self, shapes: Mapping[str, Sequence[int]]) -> Prepared:
+        g = self.graph
+        graph = Graph(list(g.nodes), list(g.inputs), list(g.outputs),
+                      {v: TensorInfo(g.infos[v].dtype, tuple(int(d) for d in shapes[v])) for v in g.inputs},
+                      dict(g.constants), dict(g.opsets), g.name)
+        propagate(graph, fold=True)
+        return prepare(graph, lower(graph))
+
+    def session(self, zero_copy: str = "auto") -> "Session":
+        """A new session: its own arena and bindings, sharing this model's weights and kernels."""
+        from .session import Session
+
+        return Session(self, zero_copy)
+
+
+def load(path: str | os.PathLike, verify: bool = False) -> Model:
+    """Map a `.om` file. `verify=True` also checks the weights' digest (reads every byte)."""
+    return Model(path, verify)

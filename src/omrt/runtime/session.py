@@ -1,0 +1,287 @@
+"""A session: one arena, the caller's bound buffers, and the task loop.
+
+Binding re-points only the task arguments that refer to that tensor (address refresh), so its
+cost is proportional to the tensor's uses. Inputs and outputs whose buffers fit are used in place;
+others are copied through fallback blocks (mode "auto") or refused (mode "always").
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import numpy as np
+
+from ..errors import BindError, InputError, KernelError, OmrtError
+from ..infer import context, execute
+from ..ir import TensorInfo
+from ..kernels import lookup
+from ..lower import ARENA, DYNAMIC, INPUT, OUTPUT, WEIGHT
+from .model import IOSpec, Model, Prepared
+
+MODES = ("auto", "always")
+
+
+@dataclass
+class Stats:
+    """What a session has done: runs, copies by reason and bytes copied, memory figures."""
+
+    runs: int = 0
+    copies: Counter = field(default_factory=Counter)
+    bytes_copied: int = 0
+    arena_bytes: int = 0
+    lower_bound: int = 0
+    io_fallback_bytes: int = 0
+
+    def count(self, reason: str, nbytes: int) -> None:
+        self.copies[reason] += 1
+        self.bytes_copied += nbytes
+
+
+def _aligned_bytes(n: int) -> np.ndarray:
+    raw = np.empty(n + 64, np.uint8)
+    start = (-raw.ctypes.data) % 64
+    return raw[start:start + n]
+
+
+def _as_array(obj: Any, name: str) -> np.ndarray:
+    if isinstance(obj, np.ndarray):
+        return obj
+    if hasattr(obj, "__dlpack__"):
+        return np.from_dlpack(obj)
+    raise InputError(f"tensor {name!r}: expected a numpy array or a DLPack tensor, got "
+                     f"{type(obj).__name__}; wrap buffers with np.frombuffer(...).reshape(...)")
+
+
+def _span(a: np.ndarray) -> tuple[int, int]:
+    start = a.ctypes.data
+    return start, start + a.nbytes
+
+
+class Session:
+    """Runs a model with its own arena; bind buffers once, then `run()` as often as you like."""
+
+    def __init__(self, model: Model, zero_copy: str = "auto") -> None:
+        if zero_copy not in MODES:
+            raise InputError(f"zero_copy={zero_copy!r}: choose one of {MODES}")
+        self.model = model
+        self.zero_copy = zero_copy
+        self.stats = Stats()
+        self._specs: dict[str, IOSpec] = {s.name: s for s in model.inputs + model.outputs}
+        self._is_output = {s.name: True for s in model.outputs}
+        self._bound: dict[str, np.ndarray] = {}
+        self._target: dict[str, np.ndarray] = {}
+        self._arena = np.empty(0, np.uint8)
+        self._io: np.ndarray | None = None
+        self._prep: Prepared | None = None
+        if model.default is not None:
+            self._use(model.default)
+
+    # ------------------------------------------------------------------ program state
+
+    def _use(self, prep: Prepared) -> None:
+        """Lay the program's tensors over this session's arena and build the task arguments."""
+        p = prep.program
+        if self._arena.size < p.arena_size:
+            self._arena = _aligned_bytes(p.arena_size)
+        if self._io is not None and self._io.size < p.io_size:
+            self._io = None
+        self._prep = prep
+        self._target = {}
+        graph = prep.graph
+        arrays: dict[str, np.ndarray] = {}
+        for v, pl in p.places.items():
+            info = prep.info(v) if v not in graph.constants else graph.infos[v]
+            if pl.region == ARENA:
+                arrays[v] = self._arena[pl.offset:pl.offset + info.nbytes].view(info.dtype).reshape(info.shape)
+            elif pl.region == WEIGHT:
+                arrays[v] = graph.constants[pl.key].reshape(info.shape)
+        self._arrays = arrays
+        self._uses: dict[str, list[tuple[list, int, tuple]]] = {}
+        self._args = []
+        for t, task in enumerate(p.tasks):
+            ins = [arrays.get(v) if v else None for v in task.inputs]
+            outs = [arrays.get(v) if v else None for v in task.outputs]
+            for lst, names in ((ins, task.inputs), (outs, task.outputs)):
+                for pos, v in enumerate(names):
+                    pl = p.places.get(v) if v else None
+                    if pl is not None and pl.region in (INPUT, OUTPUT):
+                        self._uses.setdefault(pl.key, []).append((lst, pos, tuple(p.shapes[v])))
+            ws = self._arena[task.ws_offset:task.ws_offset + task.ws_size] if task.ws_size else None
+            self._args.append((prep.kernels[t], ins, outs, ws, task))
+        self.stats.arena_bytes = p.arena_size
+        self.stats.lower_bound = p.lower_bound
+        for name, arr in self._bound.items():
+            self._check(name, arr)
+
+    def _point(self, name: str, buf: np.ndarray) -> None:
+        """Address refresh: re-point every task argument that refers to I/O tensor `name`."""
+        if self._target.get(name) is buf:
+            return
+        for lst, pos, shape in self._uses.get(name, ()):
+            lst[pos] = buf.reshape(shape)
+        self._target[name] = buf
+
+    def _fallback(self, name: str) -> np.ndarray:
+        """The planned fallback block for I/O tensor `name` (allocated on first need)."""
+        p = self._prep.program
+        if self._io is None:
+            self._io = _aligned_bytes(max(p.io_size, 1))
+            self.stats.io_fallback_bytes = p.io_size
+        spec = self._specs[name]
+        shape = tuple(p.shapes[name])
+        nbytes = int(np.prod(shape, dtype=np.int64)) * spec.dtype.itemsize
+        off = p.io_offsets[name]
+        return self._io[off:off + nbytes].view(spec.dtype).reshape(shape)
+
+    # ------------------------------------------------------------------ binding
+
+    def _misfit(self, name: str, arr: np.ndarray) -> str | None:
+        """Why `arr` cannot be the tensor's memory in place (None when it can)."""
+        if not arr.flags.c_contiguous:
+            return "it is not C-contiguous"
+        if not arr.flags.aligned:
+            return f"it is not aligned to {arr.dtype.alignment} bytes"
+        if self._is_output.get(name):
+            lo, hi = _span(arr)
+            for other, b in self._bound.items():
+                if other != name and b.nbytes and arr.nbytes:
+                    blo, bhi = _span(b)
+                    if lo < bhi and blo < hi:
+                        return f"it overlaps the buffer bound to {other!r}"
+        return None
+
+    def _check(self, name: str, arr: np.ndarray) -> None:
+        """Dtype and shape rules (always errors), and the zero-copy rules in mode "always"."""
+        spec = self._specs[name]
+        if arr.dtype != spec.dtype:
+            raise InputError(f"tensor {name!r} has dtype {arr.dtype}, the model needs {spec.dtype}; "
+                             f"convert it with .astype(np.{spec.dtype.name})")
+        if self._prep is not None and self._is_output.get(name):
+            want = tuple(self._prep.program.shapes.get(name, arr.shape))
+            if tuple(arr.shape) != want:
+                raise BindError(f"output {name!r}: the bound buffer has shape {arr.shape}, the result has "
+                                f"shape {want}; bind an array of exactly that shape")
+        if self.zero_copy == "always":
+            why = self._misfit(name, arr)
+            if why is None and self._prep is not None and name in self._prep.program.copy_only:
+                why = f"the output must be copied: {self._prep.program.copy_only[name]}"
+            if why:
+                raise BindError(f"tensor {name!r} cannot be used without a copy: {why} "
+                                f"(zero_copy='always'); pass a suitable buffer or use zero_copy='auto'")
+
+    def bind(self, name: str, array: Any) -> None:
+        """Make `array` the memory of input or output `name` for every following run."""
+        if name not in self._specs:
+            raise InputError(f"{name!r} is not an input or output of the model; they are "
+                             f"{sorted(self._specs)}")
+        arr = _as_array(array, name)
+        if self._is_output.get(name) and not arr.flags.writeable:
+            raise BindError(f"output {name!r}: the bound buffer is read-only; bind a writable array")
+        self._check(name, arr)
+        self._bound[name] = arr
+
+    def unbind(self, name: str) -> None:
+        """Forget the buffer bound to `name`; runs allocate (outputs) or need a feed (inputs) again."""
+        if name not in self._bound:
+            raise InputError(f"nothing is bound to {name!r}; bound tensors are {sorted(self._bound)}")
+        del self._bound[name]
+        self._target.pop(name, None)
+
+    # ------------------------------------------------------------------ running
+
+    def run(self, feeds: Mapping[str, Any] | None = None) -> dict[str, np.ndarray]:
+        """Run once; `feeds` are inputs for this run only. Returns every output by name."""
+        feeds = dict(feeds or {})
+        for name in feeds:
+            if name not in self._specs or self._is_output.get(name):
+                raise InputError(f"{name!r} is not an input of the model; the inputs are "
+                                 f"{[s.name for s in self.model.inputs]}")
+        arrays: dict[str, np.ndarray] = {}
+        for spec in self.model.inputs:
+            if spec.name in feeds:
+                arrays[spec.name] = _as_array(feeds[spec.name], spec.name)
+            elif spec.name in self._bound:
+                arrays[spec.name] = self._bound[spec.name]
+            else:
+                raise InputError(f"input {spec.name!r} is missing: pass it in feeds or bind it "
+                                 f"(dtype {spec.dtype}, shape {tuple(spec.shape)})")
+        prep = self._prep
+        if prep is None or any(tuple(prep.program.signature[n]) != a.shape for n, a in arrays.items()):
+            prep = self.model.prepared({n: a.shape for n, a in arrays.items()})
+            self._use(prep)
+        program = prep.program
+        for name, arr in arrays.items():
+            if name in feeds:
+                self._check(name, arr)
+            why = self._misfit(name, arr)
+            if why is None:
+                self._point(name, arr)
+            else:
+                buf = self._fallback(name)
+                np.copyto(buf, arr)
+                self.stats.count(f"input {name}: {why}", arr.nbytes)
+                self._point(name, buf)
+        results: dict[str, np.ndarray] = {}
+        late: list[tuple[str, np.ndarray]] = []
+        for spec in self.model.outputs:
+            name = spec.name
+            bound = self._bound.get(name)
+            if name in program.copy_only or program.places[name].region == DYNAMIC:
+                results[name] = bound
+                continue
+            if bound is None:
+                out = np.empty(program.shapes[name], spec.dtype)
+                self._point(name, out)
+                results[name] = out
+            elif self._misfit(name, bound) is None:
+                self._point(name, bound)
+                results[name] = bound
+            else:
+                self._point(name, self._fallback(name))
+                late.append((name, bound))
+                results[name] = bound
+        dyn = self._execute(prep)
+        for name, bound in late:
+            np.copyto(bound, self._target[name])
+            self.stats.count(f"output {name}: {self._misfit(name, bound)}", bound.nbytes)
+        for name, reason in program.copy_only.items():
+            src = self._arrays.get(name)
+            if src is None:
+                src = dyn[name]
+            if results[name] is None:
+                results[name] = np.array(src, copy=True)
+            else:
+                np.copyto(results[name], src)
+            self.stats.count(f"output {name}: {reason}", src.nbytes)
+        for name, arr in dyn.items():
+            if name in results and results[name] is None:
+                results[name] = arr
+        self.stats.runs += 1
+        return results
+
+    def _execute(self, prep: Prepared) -> dict[str, np.ndarray]:
+        """The task loop; tasks downstream of data-dependent shapes are prepared as they run."""
+        dyn: dict[str, np.ndarray] = {}
+        for kernel, ins, outs, ws, task in self._args:
+            if kernel is not None:
+                try:
+                    kernel.run(ins, outs, ws)
+                except OmrtError:
+                    raise
+                except Exception as e:
+                    node = prep.graph.nodes[task.node]
+                    raise KernelError(f"kernel {node.op_type} failed at node {node.label!r}: "
+                                      f"{type(e).__name__}: {e}") from e
+                continue
+            node = prep.graph.nodes[task.node]
+            vals = [dyn.get(v, a) if v else None for v, a in zip(task.inputs, ins)]
+            infos = [None if a is None else TensorInfo(a.dtype, a.shape, a) for a in vals]
+            cls = lookup(node.op_type, prep.graph.opset(node.domain), node.domain, node.label)
+            ctx = context(node, prep.graph)
+            results = execute(cls, ctx, vals, infos, cls.infer(ctx, infos))
+            for v, r in zip(task.outputs, results):
+                if v:
+                    dyn[v] = r
+        return dyn
