@@ -1,0 +1,336 @@
+"""Convolution kernels: Conv, ConvTranspose, Col2Im, DeformConv, and the sliding-window geometry pools share.
+
+Conv is im2col (into the planned workspace, in chunks of output rows to bound its size) followed
+by one BLAS GEMM per group written straight into the output; 1x1 convolutions skip im2col (the
+input already is the column matrix).
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from ..errors import ShapeError
+from .base import Dim, Kernel, OpContext, TensorInfo, apply_activation, register
+
+WORKSPACE_CAP = 8 << 20
+"""Upper bound (bytes) of an im2col/col2im column buffer; bigger layers are processed in row chunks."""
+
+_ACTIVATIONS = frozenset({"Relu", "LeakyRelu", "Clip", "Sigmoid", "Tanh", "HardSigmoid"})
+
+
+def _text(value: object, default: str) -> str:
+    if value is None:
+        return default
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def int_list(ctx: OpContext, key: str, n: int, default: int) -> list[int]:
+    """An int-list attribute of length `n`, or `n` copies of `default` when it is absent or empty."""
+    value = ctx.attrs.get(key)
+    if value is None or len(value) == 0:
+        return [default] * n
+    if len(value) != n:
+        raise ShapeError(f"{ctx.name}: attribute {key}={list(value)} must have {n} values "
+                         f"(one per spatial dim); fix the attribute")
+    return [int(v) for v in value]
+
+
+@dataclass(frozen=True)
+class Tap:
+    """One kernel position: the window positions whose read is in bounds, and what they read."""
+
+    index: tuple[int, ...]
+    bounds: tuple[tuple[int, int], ...]
+    """(lo, hi) per spatial dim: window positions [lo, hi) read inside the input (relative to a chunk)."""
+    src: tuple[slice, ...]
+    """The strided input slices read by those positions."""
+
+    @property
+    def empty(self) -> bool:
+        return any(lo >= hi for lo, hi in self.bounds)
+
+    @property
+    def dst(self) -> tuple[slice, ...]:
+        return tuple(slice(lo, hi) for lo, hi in self.bounds)
+
+
+@dataclass(frozen=True)
+class Window:
+    """A kernel sliding over the spatial dims of a tensor: where every tap of every position reads.
+
+    Window position o of dim i reads input element o * strides[i] + t * dilations[i] - begin[i]
+    for kernel tap t; reads outside [0, size[i]) hit padding.
+    """
+
+    size: tuple[int, ...]
+    kernel: tuple[int, ...]
+    strides: tuple[int, ...]
+    dilations: tuple[int, ...]
+    begin: tuple[int, ...]
+    end: tuple[int, ...]
+    out: tuple[int, ...]
+
+    def taps(self, first: tuple[int, int] | None = None) -> list[Tap]:
+        """Every kernel tap, for positions `first` = [r0, r1) of spatial dim 0 (default: all)."""
+        r0, r1 = first if first is not None else (0, self.out[0])
+        extents = [(r0, r1)] + [(0, o) for o in self.out[1:]]
+        result = []
+        for index in itertools.product(*(range(k) for k in self.kernel)):
+            bounds, src = [], []
+            for (a, b), n, t, s, d, p in zip(extents, self.size, index, self.strides,
+                                               self.dilations, self.begin):
+                offset = t * d - p
+                lo = max(a, -(offset // s) if offset < 0 else 0)
+                hi = min(b, (n - 1 - offset) // s + 1 if n - 1 - offset >= 0 else 0)
+                hi = max(hi, lo)
+                start = lo * s + offset
+                src.append(slice(start, start + (hi - lo - 1) * s + 1, s) if hi > lo else slice(0, 0))
+                bounds.append((lo - a, hi - a))
+            result.append(Tap(index, tuple(bounds), tuple(src)))
+        return result
+
+    def counts(self, include_pad: bool = False) -> np.ndarray:
+        """Per window position, how many taps read inside the input (or inside input and pads)."""
+        per_dim = []
+        for o, k, s, d, n, p, e in zip(self.out, self.kernel, self.strides, self.dilations, self.size,
+                                       self.begin, self.end):
+            lo, hi = (-p, n + e) if include_pad else (0, n)
+            pos = np.arange(o)[:, None] * s + np.arange(k)[None, :] * d - p
+            per_dim.append(((pos >= lo) & (pos < hi)).sum(axis=1))
+        total = np.ones((), np.int64)
+        for c in per_dim:
+            total = np.multiply.outer(total, c)
+        return total
+
+
+def sliding_window(ctx: OpContext, size: Sequence[Dim], kernel: Sequence[int],
+                   ceil_mode: bool = False) -> tuple[list[Dim], list[int | None], list[int | None]]:
+    """Output extent, begin and end pads of a window sliding over `size`, from strides/dilations/pads/auto_pad.
+
+    ONNX: with auto_pad SAME_UPPER/SAME_LOWER "output_shape[i] = ceil(input_shape[i] / strides[i])",
+    the padding is split evenly with the extra one at the end (UPPER) or the beginning (LOWER);
+    VALID means no padding; NOTSET uses the `pads` attribute. With ceil_mode the last window must
+    still start inside the input or its begin padding.
+    """
+    nd = len(kernel)
+    strides = int_list(ctx, "strides", nd, 1)
+    dilations = int_list(ctx, "dilations", nd, 1)
+    pads = ctx.attrs.get("pads") or [0] * (2 * nd)
+    if len(pads) != 2 * nd:
+        raise ShapeError(f"{ctx.name}: pads={list(pads)} must have {2 * nd} values "
+                         f"(begin and end per spatial dim); fix the attribute")
+    auto_pad = _text(ctx.attrs.get("auto_pad"), "NOTSET")
+    if auto_pad not in ("NOTSET", "VALID", "SAME_UPPER", "SAME_LOWER"):
+        raise ShapeError(f"{ctx.name}: auto_pad={auto_pad!r} is not one of NOTSET, VALID, "
+                         f"SAME_UPPER, SAME_LOWER")
+    out: list[Dim] = []
+    begin: list[int | None] = []
+    end: list[int | None] = []
+    for i in range(nd):
+        n, s, span = size[i], strides[i], (kernel[i] - 1) * dilations[i] + 1
+        if s < 1 or dilations[i] < 1:
+            raise ShapeError(f"{ctx.name}: strides and dilations must be >= 1, got "
+                             f"strides={strides} dilations={dilations}")
+        if not isinstance(n, int):
+            out.append(None)
+            begin.append(int(pads[i]) if auto_pad == "NOTSET" else 0 if auto_pad == "VALID" else None)
+            end.append(int(pads[i + nd]) if auto_pad == "NOTSET" else 0 if auto_pad == "VALID" else None)
+            continue
+        if auto_pad.startswith("SAME"):
+            o = -(-n // s)
+            total = max(0, (o - 1) * s + span - n)
+            b = total // 2 if auto_pad == "SAME_UPPER" else total - total // 2
+            e = total - b
+        else:
+            b, e = (int(pads[i]), int(pads[i + nd])) if auto_pad == "NOTSET" else (0, 0)
+            room = n + b + e - span
+            o = (-(-room // s) if ceil_mode else room // s) + 1
+            if ceil_mode and (o - 1) * s >= n + b:
+                o -= 1
+        if o < 1:
+            raise ShapeError(f"{ctx.name}: a window of {kernel[i]} taps (dilation {dilations[i]}) "
+                             f"does not fit spatial dim {i} of size {n} with its padding; "
+                             f"use a bigger input, more padding or a smaller kernel")
+        out.append(o)
+        begin.append(b)
+        end.append(e)
+    return out, begin, end
+
+
+def window_of(ctx: OpContext, size: Sequence[int], kernel: Sequence[int],
+              ceil_mode: bool = False) -> Window:
+    """The concrete Window of a node over a static spatial shape."""
+    out, begin, end = sliding_window(ctx, size, kernel, ceil_mode)
+    nd = len(kernel)
+    return Window(tuple(size), tuple(kernel), tuple(int_list(ctx, "strides", nd, 1)),
+                  tuple(int_list(ctx, "dilations", nd, 1)), tuple(begin), tuple(end), tuple(out))
+
+
+def _row_chunks(rows: int, row_bytes: int) -> int:
+    """How many rows of spatial dim 0 one column buffer holds under WORKSPACE_CAP (at least one)."""
+    return max(1, min(rows, WORKSPACE_CAP // max(row_bytes, 1)))
+
+
+def _chunks(total: int, step: int) -> list[tuple[int, int]]:
+    return [(r, min(r + step, total)) for r in range(0, total, step)]
+
+
+def _zero_strips(tap: Tap, lead: tuple, extents: Sequence[int]) -> list[tuple]:
+    """Index tuples covering the parts of a tap's column block that read padding."""
+    if tap.empty:
+        return [lead]
+    strips = []
+    for i, ((lo, hi), n) in enumerate(zip(tap.bounds, extents)):
+        before = (slice(None),) * i
+        if lo > 0:
+            strips.append(lead + before + (slice(0, lo),))
+        if hi < n:
+            strips.append(lead + before + (slice(hi, n),))
+    return strips
+
+
+@dataclass(frozen=True)
+class _Chunk:
+    """A run of window positions along spatial dim 0 and the copies that gather (or scatter) them."""
+
+    first: int
+    last: int
+    moves: tuple[tuple[tuple, tuple], ...]
+    """(column-buffer index, image index) per non-empty tap."""
+    zeros: tuple[tuple, ...]
+    """Column-buffer index tuples to zero (padding reads)."""
+
+
+def _plan_chunks(win: Window, step: int) -> list[_Chunk]:
+    """Column-buffer gather/scatter plans for each chunk of `step` positions along spatial dim 0.
+
+    The column buffer is laid out (channels, *kernel, step, *out[1:]); the image is (channels, *size).
+    """
+    chunks = []
+    for r0, r1 in _chunks(win.out[0], step):
+        extents = (r1 - r0,) + win.out[1:]
+        moves, zeros = [], []
+        for tap in win.taps((r0, r1)):
+            lead = (slice(None),) + tap.index
+            zeros.extend(_zero_strips(tap, lead, extents))
+            if not tap.empty:
+                moves.append((lead + tap.dst, (slice(None),) + tap.src))
+        chunks.append(_Chunk(r0, r1, tuple(moves), tuple(zeros)))
+    return chunks
+
+
+def _check_group(ctx: OpContext, channels: Dim, w_channels: Dim, filters: Dim, group: int,
+                 what: str) -> None:
+    if group < 1:
+        raise ShapeError(f"{ctx.name}: group={group} must be >= 1")
+    if isinstance(channels, int) and isinstance(w_channels, int) and channels != w_channels * group:
+        raise ShapeError(f"{ctx.name}: X has {channels} channels but W expects {w_channels} x group "
+                         f"{group} = {w_channels * group} {what}; make X's dim 1 match W")
+    if isinstance(filters, int) and filters % group:
+        raise ShapeError(f"{ctx.name}: {filters} filters cannot be split into group={group} groups")
+
+
+def _bias_view(b: np.ndarray, rank: int) -> np.ndarray:
+    """B (M,) reshaped to broadcast along dim 1 of a tensor of rank `rank`."""
+    return b.reshape((1, -1) + (1,) * (rank - 2))
+
+
+def _kernel_shape(ctx: OpContext, w: TensorInfo) -> list[Dim]:
+    ks = ctx.attrs.get("kernel_shape")
+    return [int(k) for k in ks] if ks else list(w.shape[2:])
+
+
+@register("Conv", since=1)
+class Conv(Kernel):
+    """N-d convolution: im2col + one batched GEMM over the groups; 1x1 layers skip im2col.
+
+    Depthwise layers take the im2col path too: gathering the taps and letting BLAS run one small
+    GEMM per channel measured faster than accumulating strided taps with numpy ufuncs.
+    """
+
+    fuses = _ACTIVATIONS
+
+    @classmethod
+    def infer(cls, ctx: OpContext, inputs: Sequence[TensorInfo | None]) -> list[TensorInfo]:
+        x, w = inputs[0], inputs[1]
+        if x.rank < 3 or w.rank != x.rank:
+            raise ShapeError(f"{ctx.name}: Conv needs X of rank >= 3 and W of the same rank, got "
+                             f"X{list(x.shape)} W{list(w.shape)}")
+        group = int(ctx.attrs.get("group", 1))
+        _check_group(ctx, x.shape[1], w.shape[1], w.shape[0], group, "input channels")
+        kernel = _kernel_shape(ctx, w)
+        if all(isinstance(k, int) for k in kernel):
+            spatial = sliding_window(ctx, x.shape[2:], kernel)[0]
+        else:
+            spatial = [None] * (x.rank - 2)
+        return [TensorInfo(x.dtype, (x.shape[0], w.shape[0], *spatial))]
+
+    def __init__(self, ctx: OpContext, inputs: Sequence[TensorInfo | None],
+                 outputs: Sequence[TensorInfo]) -> None:
+        super().__init__(ctx, inputs, outputs)
+        x, w = inputs[0], inputs[1]
+        self.group = int(ctx.attrs.get("group", 1))
+        kernel = [int(k) for k in _kernel_shape(ctx, w)]
+        self.win = window_of(ctx, x.shape[2:], kernel)
+        channels, filters = x.shape[1], w.shape[0]
+        pointwise = (all(k == 1 for k in kernel) and all(s == 1 for s in self.win.strides)
+                     and all(b == 0 for b in self.win.begin) and self.win.out == self.win.size)
+        self.mode = "pointwise" if pointwise else "im2col"
+        itemsize = x.dtype.itemsize
+        inner = int(np.prod(self.win.out[1:], dtype=np.int64))
+        taps = int(np.prod(kernel, dtype=np.int64))
+        self.step = _row_chunks(self.win.out[0], channels * taps * inner * itemsize)
+        self.chunks = _plan_chunks(self.win, self.step) if self.mode == "im2col" else []
+        self.nbytes = channels * taps * self.step * inner * itemsize if self.chunks else 0
+
+    def workspace(self) -> int:
+        return self.nbytes
+
+    def run(self, inputs, outputs, workspace):
+        x, w = inputs[0], inputs[1]
+        b = inputs[2] if len(inputs) > 2 else None
+        y = outputs[0]
+        if y.size == 0:
+            return
+        if self.mode == "pointwise":
+            self._pointwise(x, w, b, y)
+        else:
+            self._im2col(x, w, b, y, workspace)
+
+    def _finish(self, y: np.ndarray, b: np.ndarray | None, bias_shape: tuple) -> None:
+        if b is not None:
+            np.add(y, b.reshape(bias_shape), out=y)
+        apply_activation(y, self.ctx)
+
+    def _pointwise(self, x, w, b, y) -> None:
+        n, g = x.shape[0], self.group
+        p = int(np.prod(x.shape[2:], dtype=np.int64))
+        w3 = w.reshape(g, w.shape[0] // g, -1)
+        y4 = y.reshape(n, g, w3.shape[1], p)
+        np.matmul(w3, x.reshape(n, g, w3.shape[2], p), out=y4)
+        self._finish(y4, b, (g, w3.shape[1], 1))
+
+    def _im2col(self, x, w, b, y, workspace) -> None:
+        g, win = self.group, self.win
+        n, c = x.shape[:2]
+        inner = int(np.prod(win.out[1:], dtype=np.int64))
+        cols = workspace[:self.nbytes].view(x.dtype).reshape((c,) + win.kernel + (self.step,) + win.out[1:])
+        w3 = w.reshape(g, w.shape[0] // g, -1)
+        gemm_in = cols.reshape(g, w3.shape[2], self.step * inner)
+        bias_shape = (g, w3.shape[1], 1)
+        for i in range(n):
+            xi = x[i]
+            yi = y[i].reshape(g, w3.shape[1], -1)
+            for chunk in self.chunks:
+                for dst, src in chunk.moves:
+                    cols[dst] = xi[src]
+                for z in chunk.zeros:
+                    cols[z] = 0
+                width = (chunk.last - chunk.first) * inner
+                out = yi[:, :, chunk.first * inner:chunk.first * inner + width]
+                np.matmul(w3, gemm_in[:, :, :width], out=out)
+                self._finish(out, b, bias_shape)
