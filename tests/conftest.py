@@ -1,0 +1,45 @@
+"""Shared fixtures: small models built with onnx.helper, compiled to .om in a temp folder."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import omrt
+
+RNG = np.random.default_rng(0)
+W1 = RNG.standard_normal((64, 128)).astype(np.float32)
+B1 = RNG.standard_normal(128).astype(np.float32)
+W2 = RNG.standard_normal((128, 10)).astype(np.float32)
+
+
+def mlp_model(batch: int | str = 4) -> onnx.ModelProto:
+    """x[N,64] -> MatMul+Add+Relu -> MatMul -> Reshape(Shape) -> y[N,10]; also z = Identity(x)."""
+    nodes = [helper.make_node("MatMul", ["x", "W1"], ["h"]), helper.make_node("Add", ["h", "b1"], ["hb"]),
+             helper.make_node("Relu", ["hb"], ["r"]), helper.make_node("MatMul", ["r", "W2"], ["o"]),
+             helper.make_node("Shape", ["o"], ["s"]), helper.make_node("Reshape", ["o", "s"], ["y"])]
+    g = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 64])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, 10])],
+                          [numpy_helper.from_array(W1, "W1"), numpy_helper.from_array(B1, "b1"),
+                           numpy_helper.from_array(W2, "W2")])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def mlp_reference(x: np.ndarray) -> np.ndarray:
+    return np.maximum(x @ W1 + B1, 0) @ W2
+
+
+@pytest.fixture
+def mlp_om(tmp_path) -> str:
+    path = str(tmp_path / "mlp.om")
+    omrt.compile(mlp_model(4), path)
+    return path
+
+
+@pytest.fixture
+def dynamic_om(tmp_path) -> str:
+    path = str(tmp_path / "mlp_dyn.om")
+    omrt.compile(mlp_model("N"), path)
+    return path
