@@ -1,0 +1,298 @@
+"""Linear-algebra kernels: MatMul, Gemm, the compiler's FusedMatMul, Einsum and Det."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from ..errors import ShapeError
+from .base import (FUSED_ACTIVATIONS, Kernel, OpContext, Shape, TensorInfo, apply_activation,
+                   broadcast_shapes, numel, register)
+
+_ALIGN = 64
+
+
+def _narrow(dtype: np.dtype) -> bool:
+    """float16 and bfloat16: numpy has no BLAS (nor einsum) path for them, so omrt widens them."""
+    return dtype == np.float16 or dtype.name == "bfloat16"
+
+
+def _wide_bytes(shapes: Sequence[Shape]) -> int:
+    """Workspace bytes for float32 copies of arrays of these shapes, each 64-byte aligned."""
+    return sum(-(-numel(s) * 4 // _ALIGN) * _ALIGN for s in shapes)
+
+
+def _wide_views(workspace: np.ndarray, shapes: Sequence[Shape]) -> list[np.ndarray]:
+    """The float32 arrays `_wide_bytes` made room for, carved from `workspace` in order."""
+    views, offset = [], 0
+    for s in shapes:
+        n = numel(s) * 4
+        views.append(workspace[offset:offset + n].view(np.float32).reshape(s))
+        offset += -(-n // _ALIGN) * _ALIGN
+    return views
+
+
+def _same(a: object, b: object) -> bool:
+    """Two dims that cannot be told apart as different (unknown dims agree with anything)."""
+    return a is None or b is None or a == b or not (isinstance(a, int) and isinstance(b, int))
+
+
+def matmul_shape(a: Shape, b: Shape, name: str) -> Shape:
+    """numpy.matmul's output shape: 1-D operands are promoted then their added dim removed."""
+    if not a or not b:
+        raise ShapeError(f"{name}: MatMul operands must have rank >= 1, got shapes {a} and {b}; "
+                         f"use Mul for scalars")
+    a2 = (1, *a) if len(a) == 1 else tuple(a)
+    b2 = (*b, 1) if len(b) == 1 else tuple(b)
+    if not _same(a2[-1], b2[-2]):
+        raise ShapeError(f"{name}: MatMul inner dims differ: A {tuple(a)} has {a2[-1]} columns, "
+                         f"B {tuple(b)} has {b2[-2]} rows; transpose or reshape one operand")
+    rows = a2[-2:-1] if len(a) > 1 else ()
+    cols = b2[-1:] if len(b) > 1 else ()
+    return (*broadcast_shapes(a2[:-2], b2[:-2], name=name), *rows, *cols)
+
+
+class _Product:
+    """A @ B into `out`, planned once for the shapes at hand.
+
+    When B is a matrix, A's batch dims are folded into its rows so one GEMM call does the whole
+    product; float16 operands are multiplied in float32 inside the workspace, because numpy has
+    no BLAS path for float16.
+    """
+
+    def __init__(self, a: Shape, b: Shape, out: Shape, dtype: np.dtype) -> None:
+        self.fold = len(b) == 2 and len(a) > 2
+        if self.fold:
+            a = (int(np.prod(a[:-1], dtype=np.int64)), a[-1])
+            out = (a[0], b[-1])
+        self.shapes = (tuple(a), tuple(b), tuple(out))
+        self.wide = _narrow(np.dtype(dtype))
+        self.nbytes = _wide_bytes(self.shapes) if self.wide else 0
+
+    def __call__(self, a: np.ndarray, b: np.ndarray, out: np.ndarray,
+                 workspace: np.ndarray | None) -> None:
+        if self.fold:
+            a = a.reshape(self.shapes[0])
+            out = out.reshape(self.shapes[2])
+        if not self.wide:
+            np.matmul(a, b, out=out)
+            return
+        a32, b32, o32 = _wide_views(workspace, self.shapes)
+        np.copyto(a32, a)
+        np.copyto(b32, b)
+        np.matmul(a32, b32, out=o32)
+        np.copyto(out, o32, casting="same_kind")
+
+
+class MatMulBase(Kernel):
+    """Shared by MatMul and FusedMatMul: numpy matmul semantics straight into the output."""
+
+    fuses = frozenset(FUSED_ACTIVATIONS)
+
+    @classmethod
+    def infer(cls, ctx: OpContext, inputs: Sequence[TensorInfo | None]) -> list[TensorInfo]:
+        a, b = inputs[0], inputs[1]
+        return [TensorInfo(a.dtype, matmul_shape(a.shape, b.shape, ctx.name))]
+
+    def __init__(self, ctx: OpContext, inputs: Sequence[TensorInfo | None],
+                 outputs: Sequence[TensorInfo]) -> None:
+        super().__init__(ctx, inputs, outputs)
+        self.product = _Product(inputs[0].shape, inputs[1].shape, outputs[0].shape, outputs[0].dtype)
+
+    def workspace(self) -> int:
+        return self.product.nbytes
+
+
+@register("MatMul", since=1)
+class MatMul(MatMulBase):
+    """Matrix product with numpy.matmul semantics (1-D promotion, batch broadcasting)."""
+
+    def run(self, inputs, outputs, workspace):
+        self.product(inputs[0], inputs[1], outputs[0], workspace)
+        apply_activation(outputs[0], self.ctx)
+
+
+@register("FusedMatMul", since=1, domain="omrt")
+class FusedMatMul(MatMulBase):
+    """omrt-internal MatMul(A, B) + bias (broadcast over the output, usually 1-D over its last dim).
+
+    The compiler makes it from MatMul followed by Add, so the bias lands in the product's output
+    while it is still in cache, and an activation after the Add can be fused too.
+    """
+
+    @classmethod
+    def infer(cls, ctx: OpContext, inputs: Sequence[TensorInfo | None]) -> list[TensorInfo]:
+        out = super().infer(ctx, inputs)
+        bias = inputs[2]
+        if broadcast_shapes(out[0].shape, bias.shape, name=ctx.name) != out[0].shape \
+                and all(isinstance(d, int) for d in (*out[0].shape, *bias.shape)):
+            raise ShapeError(f"{ctx.name}: FusedMatMul bias {bias.shape} must broadcast to the "
+                             f"product's shape {out[0].shape} without growing it; keep MatMul and Add")
+        return out
+
+    def run(self, inputs, outputs, workspace):
+        out = outputs[0]
+        self.product(inputs[0], inputs[1], out, workspace)
+        np.add(out, inputs[2], out=out)
+        apply_activation(out, self.ctx)
+
+
+@register("Gemm", since=1)
+class Gemm(Kernel):
+    """Y = alpha * A' @ B' + beta * C, with A' and B' optionally transposed and C broadcast to Y.
+
+    Before opset 7 `broadcast=0` asked for C of Y's exact shape; broadcasting any C that fits
+    is a superset of that rule. The product goes straight into Y, then is scaled and C is added
+    in place.
+    """
+
+    fuses = frozenset(FUSED_ACTIVATIONS)
+
+    @classmethod
+    def infer(cls, ctx: OpContext, inputs: Sequence[TensorInfo | None]) -> list[TensorInfo]:
+        a, b = inputs[0], inputs[1]
+        c = inputs[2] if len(inputs) > 2 else None
+        if a.rank != 2 or b.rank != 2:
+            raise ShapeError(f"{ctx.name}: Gemm needs 2-D A and B, got {a.shape} and {b.shape}; "
+                             f"use MatMul for other ranks")
+        m, ka = a.shape[::-1] if ctx.attr("transA", 0) else a.shape
+        kb, n = b.shape[::-1] if ctx.attr("transB", 0) else b.shape
+        if not _same(ka, kb):
+            raise ShapeError(f"{ctx.name}: Gemm inner dims differ ({ka} vs {kb}) for A {a.shape}, "
+                             f"B {b.shape}; check transA/transB")
+        if c is not None and (c.rank > 2 or not all(
+                d == 1 or _same(d, y) for d, y in zip(c.shape[::-1], (n, m)))):
+            raise ShapeError(f"{ctx.name}: Gemm C {c.shape} does not broadcast to Y ({m}, {n}); "
+                             f"C must be scalar, (N,), (1, N), (M, 1) or (M, N)")
+        return [TensorInfo(a.dtype, (m, n))]
+
+    def __init__(self, ctx: OpContext, inputs: Sequence[TensorInfo | None],
+                 outputs: Sequence[TensorInfo]) -> None:
+        super().__init__(ctx, inputs, outputs)
+        self.trans_a = bool(ctx.attr("transA", 0))
+        self.trans_b = bool(ctx.attr("transB", 0))
+        self.alpha = float(ctx.attr("alpha", 1.0))
+        self.beta = float(ctx.attr("beta", 1.0))
+        a, b = inputs[0].shape, inputs[1].shape
+        self.product = _Product(a[::-1] if self.trans_a else a, b[::-1] if self.trans_b else b,
+                                outputs[0].shape, outputs[0].dtype)
+        c = inputs[2] if len(inputs) > 2 else None
+        self.has_c = c is not None and self.beta != 0 and c.nbytes > 0
+        self.c_small = c is not None and c.static and np.prod(c.shape) < np.prod(outputs[0].shape)
+
+    def workspace(self) -> int:
+        return self.product.nbytes
+
+    def run(self, inputs, outputs, workspace):
+        a, b, out = inputs[0], inputs[1], outputs[0]
+        self.product(a.T if self.trans_a else a, b.T if self.trans_b else b, out, workspace)
+        alpha, beta = self.alpha, self.beta
+        if self.has_c:
+            c = inputs[2]
+            if beta == 1 or self.c_small:
+                if alpha != 1:
+                    np.multiply(out, alpha, out=out, casting="unsafe")
+                np.add(out, c if beta == 1 else np.multiply(c, beta, dtype=out.dtype, casting="unsafe"),
+                       out=out, casting="unsafe")
+            else:
+                # Y = beta * (alpha/beta * AB + C): no temporary the size of Y.
+                np.multiply(out, alpha / beta, out=out, casting="unsafe")
+                np.add(out, c, out=out, casting="unsafe")
+                np.multiply(out, beta, out=out, casting="unsafe")
+        elif alpha != 1:
+            np.multiply(out, alpha, out=out, casting="unsafe")
+        apply_activation(out, self.ctx)
+
+
+def _einsum_terms(equation: str, ranks: Sequence[int], name: str) -> tuple[list[str], str]:
+    """The input terms and the output term of an einsum equation, ellipses spelled out.
+
+    Each "..." becomes the same run of fresh symbols (aligned to the right, as numpy broadcasts);
+    the implicit output is the ellipsis then the letters used once, in ASCII order.
+    """
+    eq = equation.replace(" ", "")
+    lhs, arrow, rhs = eq.partition("->")
+    terms = lhs.split(",")
+    if len(terms) != len(ranks):
+        raise ShapeError(f"{name}: Einsum equation {equation!r} has {len(terms)} operand terms but "
+                         f"the node has {len(ranks)} inputs; make them agree")
+    ell_rank = max((r - len(t) + 3 for t, r in zip(terms, ranks) if "..." in t), default=0)
+    ell = "".join(chr(0x100 + i) for i in range(ell_rank))
+    spelled = []
+    for t, r in zip(terms, ranks):
+        if "..." in t:
+            t = t.replace("...", ell[ell_rank - (r - len(t) + 3):])
+        if len(t) != r:
+            raise ShapeError(f"{name}: Einsum term {t!r} names {len(t)} dims for an input of rank {r}; "
+                             f"fix the equation {equation!r}")
+        spelled.append(t)
+    if arrow:
+        out = rhs.replace("...", ell)
+    else:
+        letters = [c for c in lhs if c.isalpha()]
+        out = ell + "".join(sorted(c for c in set(letters) if letters.count(c) == 1))
+    return spelled, out
+
+
+@register("Einsum", since=12)
+class Einsum(Kernel):
+    """Einstein summation via numpy.einsum into the output, contraction order planned at load."""
+
+    @classmethod
+    def infer(cls, ctx: OpContext, inputs: Sequence[TensorInfo | None]) -> list[TensorInfo]:
+        terms, out = _einsum_terms(ctx.attr("equation", ""), [x.rank for x in inputs], ctx.name)
+        dims: dict[str, list[Shape]] = {}
+        for t, x in zip(terms, inputs):
+            for c, d in zip(t, x.shape):
+                dims.setdefault(c, []).append((d,))
+        unknown = [c for c in out if c not in dims]
+        if unknown:
+            raise ShapeError(f"{ctx.name}: Einsum output names {unknown} that no input has; "
+                             f"fix the equation")
+        sizes = {c: broadcast_shapes(*d, name=ctx.name)[0] for c, d in dims.items()}
+        return [TensorInfo(inputs[0].dtype, tuple(sizes[c] for c in out))]
+
+    def __init__(self, ctx: OpContext, inputs: Sequence[TensorInfo | None],
+                 outputs: Sequence[TensorInfo]) -> None:
+        super().__init__(ctx, inputs, outputs)
+        self.equation = ctx.attr("equation", "").replace(" ", "")
+        self.wide = _narrow(outputs[0].dtype)
+        self.shapes = [x.shape for x in (*inputs, *outputs)]
+        self.optimize: bool | list = False
+        if len(inputs) > 1:
+            ghosts = [np.lib.stride_tricks.as_strided(np.zeros(1, np.float32), x.shape, (0,) * x.rank)
+                      for x in inputs]
+            self.optimize = np.einsum_path(self.equation, *ghosts, optimize="greedy")[0]
+
+    def workspace(self) -> int:
+        return _wide_bytes(self.shapes) if self.wide else 0
+
+    def run(self, inputs, outputs, workspace):
+        if not self.wide:
+            np.einsum(self.equation, *inputs, out=outputs[0], optimize=self.optimize)
+            return
+        *wide_in, wide_out = _wide_views(workspace, self.shapes)
+        for w, x in zip(wide_in, inputs):
+            np.copyto(w, x)
+        np.einsum(self.equation, *wide_in, out=wide_out, optimize=self.optimize)
+        np.copyto(outputs[0], wide_out, casting="same_kind")
+
+
+@register("Det", since=11)
+class Det(Kernel):
+    """Determinant of each trailing square matrix (LU factorisation by numpy.linalg)."""
+
+    @classmethod
+    def infer(cls, ctx: OpContext, inputs: Sequence[TensorInfo | None]) -> list[TensorInfo]:
+        x = inputs[0]
+        if x.rank < 2 or not _same(x.shape[-1], x.shape[-2]):
+            raise ShapeError(f"{ctx.name}: Det needs square matrices in the last two dims, got "
+                             f"shape {x.shape}")
+        return [TensorInfo(x.dtype, x.shape[:-2])]
+
+    def run(self, inputs, outputs, workspace):
+        x = inputs[0]
+        if _narrow(x.dtype):
+            x = x.astype(np.float32)
+        outputs[0][...] = np.linalg.det(x)

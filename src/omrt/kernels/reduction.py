@@ -1,0 +1,458 @@
+"""Reduction kernels: ReduceXxx, ArgMax/ArgMin, TopK, CumSum/CumProd and the Softmax family."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, ClassVar, Sequence
+
+import numpy as np
+
+from ..errors import ShapeError
+from .base import Kernel, OpContext, Shape, TensorInfo, normalize_axis, numel, register
+
+
+def _axes_tuple(values: Any, rank: int, name: str) -> tuple[int, ...]:
+    """Axes (a list or an int array) made non-negative, sorted and unique."""
+    return tuple(sorted({normalize_axis(int(a), rank, name) for a in np.ravel(values)}))
+
+
+def _reduced_shape(shape: Shape, axes: tuple[int, ...], keepdims: bool) -> Shape:
+    if keepdims:
+        return tuple(1 if i in axes else d for i, d in enumerate(shape))
+    return tuple(d for i, d in enumerate(shape) if i not in axes)
+
+
+# ----------------------------------------------------------------------------- ReduceXxx
+
+
+class Reduce(Kernel):
+    """Base of every ReduceXxx op: axes, keepdims and noop_with_empty_axes handled once.
+
+    Subclasses implement `reduce(x, axes, out, workspace)` with `out` in keepdims shape; the
+    spec says "Reduction over an empty set of values yields" the op's identity (0 for sums,
+    1 for products, -inf for LogSum/LogSumExp/Max, +inf for Min), which `reduce` must give.
+    From `axes_input_since` the axes are the optional second input and, "if
+    noop_with_empty_axes is true" and they are empty, no axis is reduced (the op's elementwise
+    part, like the square of ReduceSumSquare, still applies).
+    """
+
+    axes_input_since: ClassVar[int] = 18
+    workspace_input: ClassVar[bool] = False
+    """True when `reduce` needs scratch the size of the input (one transformed copy)."""
+
+    @classmethod
+    def _axes(cls, ctx: OpContext, inputs: Sequence[TensorInfo | None],
+              rank: int) -> tuple[int, ...] | None:
+        """The reduced axes, or None when they are an input whose value is not known yet."""
+        if ctx.opset >= cls.axes_input_since:
+            given = inputs[1] if len(inputs) > 1 else None
+            if given is not None and given.value is None:
+                return None
+            values = given.value if given is not None else []
+            noop = bool(ctx.attr("noop_with_empty_axes", 0))
+        else:
+            values, noop = ctx.attr("axes", []), False
+        if np.size(values) == 0:
+            return () if noop else tuple(range(rank))
+        return _axes_tuple(values, rank, ctx.name)
+
+    @classmethod
+    def infer(cls, ctx: OpContext, inputs: Sequence[TensorInfo | None]) -> list[TensorInfo]:
+        x = inputs[0]
+        keepdims = bool(ctx.attr("keepdims", 1))
+        axes = cls._axes(ctx, inputs, x.rank)
+        if axes is not None:
+            return [TensorInfo(x.dtype, _reduced_shape(x.shape, axes, keepdims))]
+        if keepdims:
+            return [TensorInfo(x.dtype, (None,) * x.rank)]
+        count = inputs[1].shape[0] if inputs[1].rank == 1 else None
+        if not isinstance(count, int) or count == 0:
+            raise ShapeError(f"{ctx.name}: {ctx.op_type} with keepdims=0 needs its axes input to have "
+                             f"a known length to know the output rank; make axes a constant")
+        return [TensorInfo(x.dtype, (None,) * (x.rank - count))]
+
+    def __init__(self, ctx: OpContext, inputs: Sequence[TensorInfo | None],
+                 outputs: Sequence[TensorInfo]) -> None:
+        super().__init__(ctx, inputs, outputs)
+        self.rank = inputs[0].rank
+        self.axes = type(self)._axes(ctx, inputs, self.rank)
+        self.keep_shape = None if self.axes is None else _reduced_shape(inputs[0].shape, self.axes, True)
+
+    def workspace(self) -> int:
+        return self.inputs[0].nbytes if self.workspace_input else 0
+
+    def run(self, inputs, outputs, workspace):
+        x = inputs[0]
+        axes, keep_shape = self.axes, self.keep_shape
+        if axes is None:
+            axes = self._runtime_axes(inputs[1])
+            keep_shape = _reduced_shape(x.shape, axes, True)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            self.reduce(x, axes, outputs[0].reshape(keep_shape), workspace)
+
+    def _runtime_axes(self, given: np.ndarray) -> tuple[int, ...]:
+        if given.size:
+            return _axes_tuple(given, self.rank, self.ctx.name)
+        return () if self.ctx.attr("noop_with_empty_axes", 0) else tuple(range(self.rank))
+
+    def scratch(self, x: np.ndarray, workspace: np.ndarray | None) -> np.ndarray:
+        """An array shaped like `x` in the workspace (which is absent when `x` is empty)."""
+        if workspace is None:
+            return np.empty_like(x)
+        return workspace[:x.nbytes].view(x.dtype).reshape(x.shape)
+
+    def reduce(self, x: np.ndarray, axes: tuple[int, ...], out: np.ndarray,
+               workspace: np.ndarray | None) -> None:
+        raise NotImplementedError(f"{type(self).__name__}.reduce")
+
+
+def reduction(axes_input_since: int = 18,
+              workspace_input: bool = False) -> Callable[[Callable[..., None]], type[Reduce]]:
+    """Register a Reduce subclass named like its `reduce` function, for both forms of axes."""
+
+    def deco(fn: Callable[..., None]) -> type[Reduce]:
+        op_type = fn.__name__
+        cls = type(op_type, (Reduce,), {"reduce": fn, "axes_input_since": axes_input_since,
+                                        "workspace_input": workspace_input,
+                                        "__doc__": fn.__doc__, "__module__": __name__})
+        register(op_type, since=1)(cls)
+        return register(op_type, since=axes_input_since)(cls)
+
+    return deco
+
+
+def _lowest(dtype: np.dtype) -> Any:
+    if dtype.kind == "b":
+        return False
+    return np.iinfo(dtype).min if dtype.kind in "iu" else -np.inf
+
+
+def _highest(dtype: np.dtype) -> Any:
+    if dtype.kind == "b":
+        return True
+    return np.iinfo(dtype).max if dtype.kind in "iu" else np.inf
+
+
+def _sum_squares(x: np.ndarray, axes: tuple[int, ...], out: np.ndarray) -> None:
+    """Sum of x*x over `axes` into `out` (keepdims shape) without a squared copy of x."""
+    letters = "".join(chr(ord("a") + i) for i in range(x.ndim))
+    kept = "".join(c for i, c in enumerate(letters) if i not in axes)
+    flat = out.reshape([d for i, d in enumerate(x.shape) if i not in axes])
+    np.einsum(f"{letters},{letters}->{kept}", x, x, out=flat)
+
+
+@reduction(axes_input_since=13)
+def ReduceSum(self, x, axes, out, workspace):
+    """Sum over the axes."""
+    np.sum(x, axis=axes, out=out, keepdims=True)
+
+
+@reduction()
+def ReduceMean(self, x, axes, out, workspace):
+    """Arithmetic mean over the axes (integers truncate, an empty set gives NaN)."""
+    np.sum(x, axis=axes, out=out, keepdims=True)
+    np.divide(out, numel([x.shape[a] for a in axes]), out=out, casting="unsafe")
+
+
+@reduction()
+def ReduceMax(self, x, axes, out, workspace):
+    """Maximum over the axes; the lowest value of the dtype for an empty set."""
+    np.maximum.reduce(x, axis=axes, out=out, keepdims=True, initial=_lowest(x.dtype))
+
+
+@reduction()
+def ReduceMin(self, x, axes, out, workspace):
+    """Minimum over the axes; the highest value of the dtype for an empty set."""
+    np.minimum.reduce(x, axis=axes, out=out, keepdims=True, initial=_highest(x.dtype))
+
+
+@reduction()
+def ReduceProd(self, x, axes, out, workspace):
+    """Product over the axes."""
+    np.prod(x, axis=axes, out=out, keepdims=True)
+
+
+@reduction(workspace_input=True)
+def ReduceL1(self, x, axes, out, workspace):
+    """Sum of absolute values over the axes."""
+    if x.dtype.kind != "u":
+        x = np.abs(x, out=self.scratch(x, workspace))
+    np.sum(x, axis=axes, out=out, keepdims=True)
+
+
+@reduction()
+def ReduceL2(self, x, axes, out, workspace):
+    """Euclidean norm over the axes."""
+    _sum_squares(x, axes, out)
+    np.sqrt(out, out=out, casting="unsafe")
+
+
+@reduction()
+def ReduceSumSquare(self, x, axes, out, workspace):
+    """Sum of squares over the axes."""
+    _sum_squares(x, axes, out)
+
+
+@reduction()
+def ReduceLogSum(self, x, axes, out, workspace):
+    """Natural log of the sum over the axes."""
+    np.sum(x, axis=axes, out=out, keepdims=True)
+    np.log(out, out=out, casting="unsafe")
+
+
+@reduction(workspace_input=True)
+def ReduceLogSumExp(self, x, axes, out, workspace):
+    """log(sum(exp(x))) over the axes, shifted by the maximum so that exp cannot overflow."""
+    np.maximum.reduce(x, axis=axes, out=out, keepdims=True, initial=-np.inf)
+    out[~np.isfinite(out)] = 0
+    shifted = np.subtract(x, out, out=self.scratch(x, workspace))
+    np.exp(shifted, out=shifted)
+    total = np.sum(shifted, axis=axes, keepdims=True)
+    np.log(total, out=total)
+    np.add(out, total, out=out)
+
+
+# ----------------------------------------------------------------------------- ArgMax, ArgMin
+
+
+class ArgReduce(Kernel):
+    """Index of the extreme value along `axis` (int64), first occurrence unless select_last_index."""
+
+    pick: ClassVar[Callable[..., np.ndarray]]
+
+    @classmethod
+    def infer(cls, ctx: OpContext, inputs: Sequence[TensorInfo | None]) -> list[TensorInfo]:
+        x = inputs[0]
+        axis = normalize_axis(ctx.attr("axis", 0), x.rank, ctx.name)
+        if x.shape[axis] == 0:
+            raise ShapeError(f"{ctx.name}: {ctx.op_type} over axis {axis} of size 0 has no answer; "
+                             f"the input {x.shape} must not be empty along it")
+        return [TensorInfo(np.dtype(np.int64),
+                           _reduced_shape(x.shape, (axis,), bool(ctx.attr("keepdims", 1))))]
+
+    def __init__(self, ctx: OpContext, inputs: Sequence[TensorInfo | None],
+                 outputs: Sequence[TensorInfo]) -> None:
+        super().__init__(ctx, inputs, outputs)
+        x = inputs[0]
+        self.axis = normalize_axis(ctx.attr("axis", 0), x.rank, ctx.name)
+        self.last = bool(ctx.attr("select_last_index", 0))
+        self.keep_shape = _reduced_shape(x.shape, (self.axis,), True)
+
+    def run(self, inputs, outputs, workspace):
+        x, out = inputs[0], outputs[0].reshape(self.keep_shape)
+        if out.size == 0:
+            return
+        if self.last:
+            x = np.flip(x, self.axis)
+        type(self).pick(x, axis=self.axis, out=out, keepdims=True)
+        if self.last:
+            np.subtract(x.shape[self.axis] - 1, out, out=out)
+
+
+@register("ArgMax", since=1)
+class ArgMax(ArgReduce):
+    """Index of the maximum along `axis`."""
+
+    pick = staticmethod(np.argmax)
+
+
+@register("ArgMin", since=1)
+class ArgMin(ArgReduce):
+    """Index of the minimum along `axis`."""
+
+    pick = staticmethod(np.argmin)
+
+
+# ----------------------------------------------------------------------------- TopK
+
+
+@register("TopK", since=1)
+class TopK(Kernel):
+    """The k largest (or smallest) values along `axis` and their int64 indices, sorted.
+
+    "Given two equivalent values, this operator uses the indices along the axis as a tiebreaker.
+    That is, the element with the lower index will appear first." (also when choosing which of
+    equal values at the k-th place make it in). Before opset 10 k is an attribute, then input K.
+    """
+
+    @classmethod
+    def _k(cls, ctx: OpContext, inputs: Sequence[TensorInfo | None]) -> int | None:
+        if ctx.opset < 10:
+            return int(ctx.attr("k"))
+        value = inputs[1].value
+        return None if value is None else int(np.ravel(value)[0])
+
+    @classmethod
+    def infer(cls, ctx: OpContext, inputs: Sequence[TensorInfo | None]) -> list[TensorInfo]:
+        x = inputs[0]
+        axis = normalize_axis(ctx.attr("axis", -1), x.rank, ctx.name)
+        k = cls._k(ctx, inputs)
+        n = x.shape[axis]
+        if k is not None and (k < 0 or (isinstance(n, int) and k > n)):
+            raise ShapeError(f"{ctx.name}: TopK k={k} is outside [0, {n}] for axis {axis} of "
+                             f"input {x.shape}; lower k")
+        shape = tuple(k if i == axis else d for i, d in enumerate(x.shape))
+        return [TensorInfo(x.dtype, shape), TensorInfo(np.dtype(np.int64), shape)]
+
+    def __init__(self, ctx: OpContext, inputs: Sequence[TensorInfo | None],
+                 outputs: Sequence[TensorInfo]) -> None:
+        super().__init__(ctx, inputs, outputs)
+        self.axis = normalize_axis(ctx.attr("axis", -1), inputs[0].rank, ctx.name)
+        self.largest = bool(ctx.attr("largest", 1))
+
+    def run(self, inputs, outputs, workspace):
+        x = inputs[0]
+        k = outputs[0].shape[self.axis]
+        if outputs[0].size == 0:
+            return
+        n = x.shape[self.axis]
+        rows = np.moveaxis(x, self.axis, -1).reshape(-1, n)
+        index = self._top(rows, k)
+        moved = np.moveaxis(outputs[1], self.axis, -1)
+        moved[...] = index.reshape(moved.shape)
+        values = np.moveaxis(outputs[0], self.axis, -1)
+        values[...] = np.take_along_axis(rows, index, axis=1).reshape(values.shape)
+
+    def _top(self, rows: np.ndarray, k: int) -> np.ndarray:
+        """Indices of the top k of each row, in output order."""
+        n = rows.shape[1]
+        if k < n:
+            kth = n - k if self.largest else k - 1
+            part = np.argpartition(rows, kth, axis=1)
+            cand = part[:, n - k:] if self.largest else part[:, :k]
+            vals = np.take_along_axis(rows, cand, axis=1)
+            edge = (vals.min if self.largest else vals.max)(axis=1, keepdims=True)
+            if ((rows == edge).sum(axis=1) == (vals == edge).sum(axis=1)).all():
+                return self._order(vals, cand)
+        return self._order(rows, np.broadcast_to(np.arange(n), rows.shape))[:, :k]
+
+    def _order(self, vals: np.ndarray, index: np.ndarray) -> np.ndarray:
+        """`index` sorted by value (descending when largest), equal values by ascending index."""
+        if self.largest:
+            perm = np.lexsort((-index, vals), axis=1)[:, ::-1]
+        else:
+            perm = np.lexsort((index, vals), axis=1)
+        return np.take_along_axis(index, perm, axis=1)
+
+
+# ----------------------------------------------------------------------------- CumSum, CumProd
+
+
+class Cumulative(Kernel):
+    """Running sum or product along the axis given as input 1, optionally exclusive and/or reversed."""
+
+    accumulate: ClassVar[Callable[..., np.ndarray]]
+    identity: ClassVar[int]
+
+    @classmethod
+    def infer(cls, ctx: OpContext, inputs: Sequence[TensorInfo | None]) -> list[TensorInfo]:
+        x = inputs[0]
+        return [TensorInfo(x.dtype, x.shape)]
+
+    def run(self, inputs, outputs, workspace):
+        x, out = inputs[0], outputs[0]
+        axis = normalize_axis(int(np.ravel(inputs[1])[0]), x.ndim, self.ctx.name)
+        if self.ctx.attr("reverse", 0):
+            x, out = np.flip(x, axis), np.flip(out, axis)
+        if self.ctx.attr("exclusive", 0):
+            if x.shape[axis] == 0:
+                return
+            lead = (slice(None),) * axis
+            out[lead + (0,)] = type(self).identity
+            x, out = x[lead + (slice(0, -1),)], out[lead + (slice(1, None),)]
+        type(self).accumulate(x, axis=axis, out=out, dtype=x.dtype)
+
+
+@register("CumSum", since=11)
+class CumSum(Cumulative):
+    """Cumulative sum along an axis."""
+
+    accumulate = staticmethod(np.cumsum)
+    identity = 0
+
+
+@register("CumProd", since=26)
+class CumProd(Cumulative):
+    """Cumulative product along an axis."""
+
+    accumulate = staticmethod(np.cumprod)
+    identity = 1
+
+
+# ----------------------------------------------------------------------------- Softmax family
+
+
+class SoftmaxBase(Kernel):
+    """Softmax-like ops, computed on a (outer, n, inner) view with only reduced-size temporaries.
+
+    Opset 1..12: "The input does not need to explicitly be a 2D vector; rather, it will be
+    coerced into one" at `axis` (default 1) and the op runs over the flattened trailing dims.
+    Opset 13+: the op runs along `axis` alone (default -1).
+    """
+
+    @classmethod
+    def infer(cls, ctx: OpContext, inputs: Sequence[TensorInfo | None]) -> list[TensorInfo]:
+        x = inputs[0]
+        return [TensorInfo(x.dtype, x.shape)]
+
+    def __init__(self, ctx: OpContext, inputs: Sequence[TensorInfo | None],
+                 outputs: Sequence[TensorInfo]) -> None:
+        super().__init__(ctx, inputs, outputs)
+        shape = inputs[0].shape
+        rank = len(shape)
+        coerce = ctx.opset < 13
+        axis = normalize_axis(ctx.attr("axis", 1 if coerce else -1), rank, ctx.name)
+        if coerce:
+            self.plan = (numel(shape[:axis]), numel(shape[axis:]), 1)
+        else:
+            self.plan = (numel(shape[:axis]), shape[axis], numel(shape[axis + 1:]))
+
+    def run(self, inputs, outputs, workspace):
+        if outputs[0].size == 0:
+            return
+        self.compute(inputs[0].reshape(self.plan), outputs[0].reshape(self.plan))
+
+    def compute(self, x: np.ndarray, out: np.ndarray) -> None:
+        raise NotImplementedError(f"{type(self).__name__}.compute")
+
+
+@register("Softmax", since=1)
+@register("Softmax", since=13)
+class Softmax(SoftmaxBase):
+    """exp(x - max) / sum(exp(x - max)) along the axis."""
+
+    inplace = {0: 0}
+
+    def compute(self, x: np.ndarray, out: np.ndarray) -> None:
+        top = x.max(axis=1, keepdims=True)
+        np.subtract(x, top, out=out)
+        np.exp(out, out=out)
+        total = out.sum(axis=1, keepdims=True)
+        np.divide(out, total, out=out)
+
+
+@register("LogSoftmax", since=1)
+@register("LogSoftmax", since=13)
+class LogSoftmax(SoftmaxBase):
+    """x - max - log(sum(exp(x - max))) along the axis."""
+
+    def compute(self, x: np.ndarray, out: np.ndarray) -> None:
+        top = x.max(axis=1, keepdims=True)
+        np.subtract(x, top, out=out)
+        np.exp(out, out=out)
+        total = out.sum(axis=1, keepdims=True)
+        np.log(total, out=total)
+        np.add(total, top, out=total)
+        np.subtract(x, total, out=out)
+
+
+@register("Hardmax", since=1)
+@register("Hardmax", since=13)
+class Hardmax(SoftmaxBase):
+    """1 at the first maximum along the axis, 0 elsewhere."""
+
+    inplace = {0: 0}
+
+    def compute(self, x: np.ndarray, out: np.ndarray) -> None:
+        first = np.argmax(x, axis=1, keepdims=True)
+        out.fill(0)
+        np.put_along_axis(out, first, 1, axis=1)
