@@ -1,0 +1,287 @@
+"""Pooling kernels: windowed max/average/Lp pools, their global forms, MaxRoiPool and MaxUnpool.
+
+Windowed pools loop over kernel taps, never over output pixels: each tap is one ufunc call over
+a strided view of the input (the taps' geometry is shared with the convolutions).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import numpy as np
+
+from ..errors import ShapeError
+from .base import Kernel, OpContext, TensorInfo, register
+from .conv import Tap, int_list, sliding_window, window_of
+
+_ALL = (Ellipsis,)
+
+
+def _kernel_shape(ctx: OpContext, x: TensorInfo) -> list[int]:
+    ks = ctx.attrs.get("kernel_shape")
+    if not ks:
+        raise ShapeError(f"{ctx.name}: {ctx.op_type} needs the kernel_shape attribute")
+    if x.rank != len(ks) + 2:
+        raise ShapeError(f"{ctx.name}: X has rank {x.rank} but kernel_shape={list(ks)} needs rank "
+                         f"{len(ks) + 2} (N, C, *spatial)")
+    return [int(k) for k in ks]
+
+
+class _WindowPool(Kernel):
+    """A pool whose window slides over the spatial dims of X (N, C, *spatial)."""
+
+    @classmethod
+    def infer(cls, ctx: OpContext, inputs: Sequence[TensorInfo | None]) -> list[TensorInfo]:
+        x = inputs[0]
+        kernel = _kernel_shape(ctx, x)
+        spatial = sliding_window(ctx, x.shape[2:], kernel, bool(ctx.attrs.get("ceil_mode", 0)))[0]
+        return [TensorInfo(x.dtype, (*x.shape[:2], *spatial))]
+
+    def __init__(self, ctx: OpContext, inputs: Sequence[TensorInfo | None],
+                 outputs: Sequence[TensorInfo]) -> None:
+        super().__init__(ctx, inputs, outputs)
+        x = inputs[0]
+        self.win = window_of(ctx, x.shape[2:], _kernel_shape(ctx, x), bool(ctx.attrs.get("ceil_mode", 0)))
+        self.taps = [t for t in self.win.taps() if not t.empty]
+
+    def _sum(self, x: np.ndarray, y: np.ndarray) -> None:
+        """y = sum over the window of x (padding adds nothing)."""
+        y.fill(0)
+        for tap in self.taps:
+            yv = y[_ALL + tap.dst]
+            np.add(yv, x[_ALL + tap.src], out=yv)
+
+
+@register("MaxPool", since=1)
+class MaxPool(_WindowPool):
+    """Max over each window; padding never wins. Optional Indices (opset 8+) into the flattened X.
+
+    ONNX: "the indices are computed as flatten 1-D tensor ... with storage_order=1 the values are
+    in column-major order" (of the spatial dims; N and C stay outer).
+    """
+
+    @classmethod
+    def infer(cls, ctx: OpContext, inputs: Sequence[TensorInfo | None]) -> list[TensorInfo]:
+        y = super().infer(ctx, inputs)[0]
+        return [y, TensorInfo(np.dtype(np.int64), y.shape)] if ctx.opset >= 8 else [y]
+
+    def run(self, inputs, outputs, workspace):
+        x, y = inputs[0], outputs[0]
+        indices = outputs[1] if len(outputs) > 1 else None
+        y.fill(-np.inf if y.dtype.kind == "f" else np.iinfo(y.dtype).min)
+        if indices is None:
+            for tap in self.taps:
+                yv = y[_ALL + tap.dst]
+                np.maximum(yv, x[_ALL + tap.src], out=yv)
+            return
+        indices.fill(-1)
+        for tap in self.taps:
+            dst = _ALL + tap.dst
+            yv, iv, xv = y[dst], indices[dst], x[_ALL + tap.src]
+            take = xv > yv
+            take |= iv < 0
+            np.copyto(yv, xv, where=take)
+            np.copyto(iv, self._flat(tap), where=take)
+        n, c = x.shape[:2]
+        planes = np.arange(n * c, dtype=np.int64).reshape(n, c, *([1] * (x.ndim - 2)))
+        indices += planes * math.prod(self.win.size)
+
+    def _flat(self, tap: Tap) -> np.ndarray:
+        """Flat spatial index of the input element each in-bounds position of `tap` reads."""
+        column_major = int(self.ctx.attrs.get("storage_order", 0)) == 1
+        size = self.win.size
+        flat = np.zeros((), np.int64)
+        for i, (sl, n) in enumerate(zip(tap.src, size)):
+            step = math.prod(size[:i]) if column_major else math.prod(size[i + 1:])
+            coords = np.arange(sl.start, sl.stop, sl.step, dtype=np.int64) * step
+            flat = np.add.outer(flat, coords)
+        return flat
+
+
+@register("AveragePool", since=1)
+class AveragePool(_WindowPool):
+    """Mean over each window.
+
+    ONNX: count_include_pad "whether include pad pixels when calculating values for the edges";
+    either way positions past the end padding (from ceil_mode) are never counted.
+    """
+
+    def __init__(self, ctx: OpContext, inputs: Sequence[TensorInfo | None],
+                 outputs: Sequence[TensorInfo]) -> None:
+        super().__init__(ctx, inputs, outputs)
+        counts = self.win.counts(bool(ctx.attrs.get("count_include_pad", 0)))
+        uniform = counts.size and (counts == counts.flat[0]).all()
+        self.divisor = np.asarray(counts.flat[0] if uniform else counts, inputs[0].dtype)
+
+    def run(self, inputs, outputs, workspace):
+        y = outputs[0]
+        self._sum(inputs[0], y)
+        np.divide(y, self.divisor, out=y)
+
+
+def _p(ctx: OpContext) -> float:
+    p = float(ctx.attrs.get("p", 2))
+    if p <= 0:
+        raise ShapeError(f"{ctx.name}: p={p} must be positive")
+    return p
+
+
+def _abs_pow(x: np.ndarray, p: float, out: np.ndarray) -> None:
+    np.abs(x, out=out)
+    if p != 1:
+        np.power(out, out.dtype.type(p), out=out)
+
+
+@register("LpPool", since=1)
+class LpPool(_WindowPool):
+    """(sum over the window of |x|^p)^(1/p); padding contributes zero."""
+
+    def workspace(self) -> int:
+        return self.inputs[0].nbytes
+
+    def run(self, inputs, outputs, workspace):
+        x, y = inputs[0], outputs[0]
+        p = _p(self.ctx)
+        powered = workspace[:x.nbytes].view(x.dtype).reshape(x.shape)
+        _abs_pow(x, p, powered)
+        self._sum(powered, y)
+        np.power(y, y.dtype.type(1 / p), out=y)
+
+
+class _GlobalPool(Kernel):
+    """A pool over all spatial dims of X (N, C, *spatial): output (N, C, 1, ...)."""
+
+    @classmethod
+    def infer(cls, ctx: OpContext, inputs: Sequence[TensorInfo | None]) -> list[TensorInfo]:
+        x = inputs[0]
+        if x.rank < 2:
+            raise ShapeError(f"{ctx.name}: {ctx.op_type} needs X of rank >= 2 (N, C, *spatial), "
+                             f"got {list(x.shape)}")
+        return [TensorInfo(x.dtype, (*x.shape[:2], *([1] * (x.rank - 2))))]
+
+    @staticmethod
+    def axes(x: np.ndarray) -> tuple[int, ...]:
+        return tuple(range(2, x.ndim))
+
+
+@register("GlobalAveragePool", since=1)
+class GlobalAveragePool(_GlobalPool):
+    """Mean over the spatial dims."""
+
+    def run(self, inputs, outputs, workspace):
+        x = inputs[0]
+        np.mean(x, axis=self.axes(x), keepdims=True, out=outputs[0])
+
+
+@register("GlobalMaxPool", since=1)
+class GlobalMaxPool(_GlobalPool):
+    """Max over the spatial dims."""
+
+    def run(self, inputs, outputs, workspace):
+        x = inputs[0]
+        np.max(x, axis=self.axes(x), keepdims=True, out=outputs[0])
+
+
+@register("GlobalLpPool", since=1)
+class GlobalLpPool(_GlobalPool):
+    """(sum over the spatial dims of |x|^p)^(1/p)."""
+
+    def workspace(self) -> int:
+        return self.inputs[0].nbytes
+
+    def run(self, inputs, outputs, workspace):
+        x, y = inputs[0], outputs[0]
+        p = _p(self.ctx)
+        powered = workspace[:x.nbytes].view(x.dtype).reshape(x.shape)
+        _abs_pow(x, p, powered)
+        np.sum(powered, axis=self.axes(x), keepdims=True, out=y)
+        np.power(y, y.dtype.type(1 / p), out=y)
+
+
+@register("MaxRoiPool", since=1)
+class MaxRoiPool(Kernel):
+    """Max over a pooled_shape grid of bins inside each region of interest (Fast R-CNN RoI pooling).
+
+    rois are (batch_index, x1, y1, x2, y2) in input coordinates before `spatial_scale`; corners
+    round half away from zero, each bin spans floor(i * roi / pooled) .. ceil((i + 1) * roi / pooled),
+    and empty bins give 0.
+    """
+
+    @classmethod
+    def infer(cls, ctx: OpContext, inputs: Sequence[TensorInfo | None]) -> list[TensorInfo]:
+        x, rois = inputs[0], inputs[1]
+        pooled = ctx.attrs.get("pooled_shape")
+        if not pooled or len(pooled) != 2 or x.rank != 4 or rois.rank != 2:
+            raise ShapeError(f"{ctx.name}: MaxRoiPool needs X (N, C, H, W), rois (R, 5) and "
+                             f"pooled_shape=[h, w]; got X{list(x.shape)} rois{list(rois.shape)} "
+                             f"pooled_shape={pooled}")
+        return [TensorInfo(x.dtype, (rois.shape[0], x.shape[1], int(pooled[0]), int(pooled[1])))]
+
+    def run(self, inputs, outputs, workspace):
+        x, rois, y = inputs[0], inputs[1], outputs[0]
+        ph, pw = (int(v) for v in self.ctx.attrs["pooled_shape"])
+        scale = float(self.ctx.attrs.get("spatial_scale", 1.0))
+        height, width = x.shape[2:]
+        corners = rois[:, 1:5].astype(np.float64) * scale
+        corners = (np.sign(corners) * np.floor(np.abs(corners) + 0.5)).astype(np.int64)
+        y.fill(0)
+        for r, (x1, y1, x2, y2) in enumerate(corners):
+            image = x[int(rois[r, 0])]
+            rows = _bins(y1, max(y2 - y1 + 1, 1), ph, height)
+            cols = _bins(x1, max(x2 - x1 + 1, 1), pw, width)
+            for i, (h0, h1) in enumerate(rows):
+                if h1 <= h0:
+                    continue
+                band = image[:, h0:h1].max(axis=1)
+                for j, (w0, w1) in enumerate(cols):
+                    if w1 > w0:
+                        np.max(band[:, w0:w1], axis=1, out=y[r, :, i, j])
+
+
+def _bins(start: int, length: int, pooled: int, limit: int) -> list[tuple[int, int]]:
+    """[begin, end) of each of `pooled` bins over `length` pixels from `start`, clipped to [0, limit)."""
+    size = length / pooled
+    return [(min(max(math.floor(i * size) + start, 0), limit),
+             min(max(math.ceil((i + 1) * size) + start, 0), limit)) for i in range(pooled)]
+
+
+@register("MaxUnpool", since=9)
+class MaxUnpool(Kernel):
+    """Scatter X into zeros at the flat positions MaxPool's Indices name (a partial inverse of MaxPool).
+
+    The indices address a tensor of the default shape (in - 1) * stride + kernel - pads; with a
+    larger output_shape, that tensor sits at the start of each spatial dim and the rest is zero.
+    """
+
+    @classmethod
+    def infer(cls, ctx: OpContext, inputs: Sequence[TensorInfo | None]) -> list[TensorInfo]:
+        x = inputs[0]
+        shape = inputs[2] if len(inputs) > 2 else None
+        if shape is not None:
+            if shape.value is None:
+                return [TensorInfo(x.dtype, (None,) * x.rank)]
+            return [TensorInfo(x.dtype, tuple(int(v) for v in shape.value))]
+        return [TensorInfo(x.dtype, cls._default_shape(ctx, x.shape))]
+
+    @staticmethod
+    def _default_shape(ctx: OpContext, shape: Sequence) -> tuple:
+        kernel = _kernel_shape(ctx, TensorInfo(np.dtype(np.float32), tuple(shape)))
+        nd = len(kernel)
+        strides = int_list(ctx, "strides", nd, 1)
+        pads = int_list(ctx, "pads", 2 * nd, 0)
+        spatial = [(n - 1) * s + k - pads[i] - pads[i + nd] if isinstance(n, int) else None
+                   for i, (n, s, k) in enumerate(zip(shape[2:], strides, kernel))]
+        return (*shape[:2], *spatial)
+
+    def run(self, inputs, outputs, workspace):
+        x, indices, y = inputs[0], inputs[1], outputs[0]
+        default = self._default_shape(self.ctx, x.shape)
+        if any(o < d for o, d in zip(y.shape, default)):
+            raise ShapeError(f"{self.ctx.name}: output_shape {list(y.shape)} is smaller than the "
+                             f"unpooled shape {list(default)}; give a shape at least that big")
+        y.fill(0)
+        if tuple(y.shape) == default:
+            np.put(y, indices, x)
+        else:
+            y[np.unravel_index(indices, default)] = x
