@@ -15,6 +15,7 @@ import numpy as np
 from ..errors import KernelError, ShapeError
 from .base import (Dim, Kernel, OpContext, Shape, TensorInfo, broadcast_shapes, normalize_axis,
                    register)
+from .elementwise import onnx_dtype
 
 _INT64 = np.dtype(np.int64)
 _BIG = 2 ** 31 - 1
@@ -26,6 +27,12 @@ _BIG = 2 ** 31 - 1
 
 def _present(inputs: Sequence[object], i: int) -> bool:
     return i < len(inputs) and inputs[i] is not None
+
+
+def _known(inputs: Sequence[TensorInfo | np.ndarray | None], i: int) -> np.ndarray | None:
+    """Input i's value: the array itself at run time, the plan-time value (or None) in infer."""
+    x = inputs[i] if i < len(inputs) else None
+    return x.value if isinstance(x, TensorInfo) else x
 
 
 def _ints(a: np.ndarray | Sequence[int]) -> list[int]:
@@ -387,8 +394,7 @@ class Slice(Kernel):
             axes = ctx.attrs.get("axes")
             steps = None
         else:
-            vals = [i.value if isinstance(i, TensorInfo) else i for i in inputs[1:5]]
-            vals += [None] * (4 - len(vals))
+            vals = [_known(inputs, i) for i in range(1, 5)]
             if vals[0] is None or vals[1] is None or (_present(inputs, 3) and vals[2] is None) \
                     or (_present(inputs, 4) and vals[3] is None):
                 return None
@@ -452,6 +458,11 @@ class Concat(Kernel):
         dims[axis] = sum(along) if all(isinstance(d, int) for d in along) else None
         return [TensorInfo(first.dtype, tuple(dims))]
 
+    @classmethod
+    def prefix_input(cls, ctx, inputs, outputs):
+        axis = normalize_axis(int(ctx.attrs.get("axis", 1)), outputs[0].rank, ctx.name)
+        return 0 if inputs[0] is not None and all(d == 1 for d in outputs[0].shape[:axis]) else None
+
     def __init__(self, ctx, inputs, outputs):
         super().__init__(ctx, inputs, outputs)
         self.axis = normalize_axis(int(ctx.attrs.get("axis", 1)), outputs[0].rank, ctx.name)
@@ -459,11 +470,12 @@ class Concat(Kernel):
     def run(self, inputs, outputs, workspace):
         out, pos = outputs[0], 0
         lead = (slice(None),) * self.axis
-        for x in inputs:
+        for i, x in enumerate(inputs):
             if x is None:
                 continue
             n = x.shape[self.axis]
-            out[lead + (slice(pos, pos + n),)] = x
+            if not (i == 0 and x.size and x.ctypes.data == out.ctypes.data):
+                out[lead + (slice(pos, pos + n),)] = x
             pos += n
 
 
@@ -618,7 +630,7 @@ class Split(Kernel):
         if ctx.opset < 13:
             split = ctx.attrs.get("split")
         elif _present(inputs, 1):
-            split = inputs[1].value if isinstance(inputs[1], TensorInfo) else inputs[1]
+            split = _known(inputs, 1)
             if split is None:
                 return [None] * _length(inputs[1])
         else:
@@ -660,3 +672,631 @@ class Split(Kernel):
             n = out.shape[self.axis]
             np.copyto(out, x[lead + (slice(pos, pos + n),)])
             pos += n
+
+
+# ----------------------------------------------------------------------------- gather and scatter
+
+
+def _strides(shape: Sequence[int]) -> list[int]:
+    """C-order strides in elements."""
+    out, step = [], 1
+    for d in reversed(shape):
+        out.append(step)
+        step *= d
+    return out[::-1]
+
+
+def _element_offsets(idx: np.ndarray, shape: Sequence[int], axis: int, lin: np.ndarray,
+                     name: str, op: str) -> None:
+    """lin = flat C-order offsets into `shape` of the elements idx addresses along `axis`.
+
+    Element i of idx (of any shape with idx.shape[d] <= shape[d]) addresses position i with its
+    coordinate on `axis` replaced by idx[i]: offset = sum_d i_d * stride_d, i_axis = idx[i].
+    """
+    n = shape[axis]
+    _check_indices(idx, n, name, op)
+    strides = _strides(shape)
+    np.copyto(lin, idx, casting="unsafe")
+    np.remainder(lin, n, out=lin)
+    np.multiply(lin, strides[axis], out=lin)
+    for d, size in enumerate(idx.shape):
+        if d != axis and size > 1:
+            ramp = np.arange(0, size * strides[d], strides[d], dtype=np.int64)
+            np.add(lin, ramp.reshape([-1 if e == d else 1 for e in range(idx.ndim)]), out=lin)
+
+
+def _nd_offsets(idx: np.ndarray, shape: Sequence[int], name: str, op: str) -> np.ndarray:
+    """Flat offsets of the index tuples in idx's last axis into the first dims of `shape`."""
+    lin = np.zeros(idx.shape[:-1], np.int64)
+    if lin.size == 0:
+        return lin
+    for j, stride in enumerate(_strides(shape[:idx.shape[-1]])):
+        col = idx[..., j]
+        _check_indices(col, shape[j], name, op)
+        lin += (col % shape[j]) * stride
+    return lin
+
+
+def _scatter(flat: np.ndarray, lin: np.ndarray, updates: np.ndarray, reduction: str,
+             name: str) -> None:
+    """flat[lin] = updates, or combined with the ufunc of `reduction`."""
+    if reduction == "none":
+        flat[lin] = updates
+        return
+    fn = _REDUCTIONS.get(reduction)
+    if fn is None:
+        raise KernelError(f"{name}: unknown reduction {reduction!r}; use none, add, mul, min or max")
+    fn.at(flat, lin, updates)
+
+
+_REDUCTIONS = {"add": np.add, "mul": np.multiply, "min": np.minimum, "max": np.maximum}
+
+
+@register("GatherElements", since=11)
+class GatherElements(Kernel):
+    """out[i][j][k] = data[idx[i][j][k]][j][k] (for axis 0): np.take_along_axis into `out`."""
+
+    @classmethod
+    def infer(cls, ctx, inputs):
+        data, idx = inputs[0], inputs[1]
+        normalize_axis(int(ctx.attrs.get("axis", 0)), data.rank, ctx.name)
+        if idx.rank != data.rank:
+            raise ShapeError(f"{ctx.name}: GatherElements indices have rank {idx.rank}, data "
+                             f"rank {data.rank}; they must match")
+        return [TensorInfo(data.dtype, idx.shape)]
+
+    def __init__(self, ctx, inputs, outputs):
+        super().__init__(ctx, inputs, outputs)
+        self.axis = normalize_axis(int(ctx.attrs.get("axis", 0)), inputs[0].rank, ctx.name)
+
+    def workspace(self) -> int:
+        return 8 * math.prod(self.inputs[1].shape)
+
+    def run(self, inputs, outputs, workspace):
+        data, idx = inputs[0], inputs[1]
+        if idx.size == 0:
+            return
+        lin = workspace[:8 * idx.size].view(np.int64).reshape(idx.shape)
+        _element_offsets(idx, data.shape, self.axis, lin, self.ctx.name, "GatherElements")
+        np.take(data.reshape(-1), lin, out=outputs[0], mode="wrap")
+
+
+@register("ScatterElements", since=18)
+@register("ScatterElements", since=16)
+@register("ScatterElements", since=11)
+class ScatterElements(Kernel):
+    """out = data; out[idx[i][j][k]][j][k] = updates[i][j][k] (for axis 0), or combined by `reduction`.
+
+    "reduction: Type of reduction to apply: none (default), add, mul, max, min" (add/mul from
+    opset 16, max/min from 18); with `none`, duplicate indices leave an unspecified one of them.
+    """
+
+    inplace = {0: 0}
+
+    @classmethod
+    def infer(cls, ctx, inputs):
+        data, idx, upd = inputs[:3]
+        normalize_axis(int(ctx.attrs.get("axis", 0)), data.rank, ctx.name)
+        if idx.rank != data.rank or (idx.shape != upd.shape and idx.static and upd.static):
+            raise ShapeError(f"{ctx.name}: {ctx.op_type} indices {idx.shape} and updates "
+                             f"{upd.shape} must have one shape, of the rank of data {data.shape}")
+        return [TensorInfo(data.dtype, data.shape)]
+
+    def __init__(self, ctx, inputs, outputs):
+        super().__init__(ctx, inputs, outputs)
+        self.axis = normalize_axis(int(ctx.attrs.get("axis", 0)), inputs[0].rank, ctx.name)
+
+    def workspace(self) -> int:
+        return 8 * math.prod(self.inputs[1].shape)
+
+    def run(self, inputs, outputs, workspace):
+        data, idx, upd = inputs[:3]
+        out = outputs[0]
+        if not _same_memory(data, out):
+            np.copyto(out, data)
+        if idx.size == 0:
+            return
+        lin = workspace[:8 * idx.size].view(np.int64).reshape(idx.shape)
+        _element_offsets(idx, data.shape, self.axis, lin, self.ctx.name, self.ctx.op_type)
+        _scatter(out.reshape(-1), lin, upd, self.ctx.attrs.get("reduction", "none"), self.ctx.name)
+
+
+@register("Scatter", since=9)
+class Scatter(ScatterElements):
+    """The deprecated name of ScatterElements (opsets 9 and 10), without reduction."""
+
+    op_type = "Scatter"
+
+
+@register("GatherND", since=12)
+@register("GatherND", since=11)
+class GatherND(Kernel):
+    """Gather slices of data addressed by index tuples (the last axis of indices).
+
+    With `batch_dims` b (opset 12), the first b dims of data and indices are batch dims that
+    index each other one-to-one; the output shape is indices.shape[:-1] + data.shape[b + k:].
+    """
+
+    @classmethod
+    def infer(cls, ctx, inputs):
+        data, idx = inputs[0], inputs[1]
+        b = int(ctx.attrs.get("batch_dims", 0))
+        k = idx.shape[-1] if idx.rank else None
+        if idx.rank < 1 or b >= min(idx.rank, data.rank):
+            raise ShapeError(f"{ctx.name}: GatherND needs indices of rank >= 1 and batch_dims "
+                             f"{b} below the ranks of data {data.shape} and indices {idx.shape}")
+        if not isinstance(k, int):
+            raise ShapeError(f"{ctx.name}: GatherND needs the last dim of indices (the tuple "
+                             f"length) at compile time; it fixes the output rank")
+        if b + k > data.rank:
+            raise ShapeError(f"{ctx.name}: GatherND index tuples of length {k} after {b} batch "
+                             f"dims exceed the rank of data {data.shape}")
+        for i in range(b):
+            _merge(data.shape[i], idx.shape[i], ctx.name, f"GatherND batch dim {i} differs")
+        return [TensorInfo(data.dtype, idx.shape[:-1] + data.shape[b + k:])]
+
+    def run(self, inputs, outputs, workspace):
+        data, idx = inputs[0], inputs[1]
+        b = int(self.ctx.attrs.get("batch_dims", 0))
+        k = idx.shape[-1]
+        batch = math.prod(data.shape[:b])
+        block = math.prod(data.shape[b:b + k])
+        lin = _nd_offsets(idx, data.shape[b:], self.ctx.name, "GatherND").reshape(batch, -1)
+        lin += (np.arange(batch, dtype=np.int64) * block)[:, None]
+        rows = data.reshape(batch * block, -1)
+        np.take(rows, lin.reshape(-1), axis=0, out=outputs[0].reshape(lin.size, rows.shape[1]),
+                mode="wrap")
+
+
+@register("ScatterND", since=18)
+@register("ScatterND", since=16)
+@register("ScatterND", since=11)
+class ScatterND(Kernel):
+    """out = data; out[idx[i]] = updates[i] for each index tuple, or combined by `reduction`."""
+
+    inplace = {0: 0}
+
+    @classmethod
+    def infer(cls, ctx, inputs):
+        data, idx, upd = inputs[:3]
+        k = idx.shape[-1] if idx.rank else None
+        if isinstance(k, int):
+            want = idx.shape[:-1] + data.shape[k:]
+            if k > data.rank or upd.rank != len(want) or any(
+                    isinstance(u, int) and isinstance(w, int) and u != w for u, w in zip(upd.shape, want)):
+                raise ShapeError(f"{ctx.name}: ScatterND updates {upd.shape} must have shape "
+                                 f"indices.shape[:-1] + data.shape[k:] = {want}")
+        return [TensorInfo(data.dtype, data.shape)]
+
+    def run(self, inputs, outputs, workspace):
+        data, idx, upd = inputs[:3]
+        out = outputs[0]
+        if not _same_memory(data, out):
+            np.copyto(out, data)
+        k = idx.shape[-1]
+        lin = _nd_offsets(idx, data.shape, self.ctx.name, "ScatterND").reshape(-1)
+        rows = out.reshape(math.prod(data.shape[:k]), -1)
+        _scatter(rows, lin, upd.reshape(lin.size, rows.shape[1]),
+                 self.ctx.attrs.get("reduction", "none"), self.ctx.name)
+
+
+@register("OneHot", since=11)
+@register("OneHot", since=9)
+class OneHot(Kernel):
+    """values[1] where the new `axis` coordinate equals the index, values[0] elsewhere.
+
+    "Any entries in the 'indices' input tensor with values outside the range [-depth, depth-1]
+    will result in one-hot representation with all 'off_value' values" (opset 11; opset 9 says
+    [0, depth), but runtimes wrap negative indices there too, and so does omrt).
+    """
+
+    @classmethod
+    def infer(cls, ctx, inputs):
+        idx, depth, values = inputs[:3]
+        axis = normalize_axis(int(ctx.attrs.get("axis", -1)), idx.rank + 1, ctx.name)
+        n = None if depth.value is None else int(np.asarray(depth.value).reshape(-1)[0])
+        if n is not None and n < 1:
+            raise ShapeError(f"{ctx.name}: OneHot depth {n} must be positive")
+        return [TensorInfo(values.dtype, idx.shape[:axis] + (n,) + idx.shape[axis:])]
+
+    def run(self, inputs, outputs, workspace):
+        idx, _, values = inputs[:3]
+        out = outputs[0]
+        axis = normalize_axis(int(self.ctx.attrs.get("axis", -1)), out.ndim, self.ctx.name)
+        depth = out.shape[axis]
+        off, on = values.reshape(-1)[:2]
+        out.fill(off)
+        pos = idx.astype(np.int64)
+        pos[pos < 0] += depth
+        hit = (pos >= 0) & (pos < depth)
+        where = np.nonzero(hit)
+        np.moveaxis(out, axis, -1)[where + (pos[where],)] = on
+
+
+@register("NonZero", since=9)
+class NonZero(Kernel):
+    """Coordinates of the non-zero elements, one column each (shape [rank, count])."""
+
+    dynamic = True
+
+    @classmethod
+    def infer(cls, ctx, inputs):
+        return [TensorInfo(_INT64, (inputs[0].rank, None))]
+
+    def run(self, inputs, outputs, workspace):
+        x = inputs[0]
+        if x.ndim == 0:
+            return [np.zeros((0, int(x != 0)), np.int64)]
+        return [np.array(np.nonzero(x), dtype=np.int64).reshape(x.ndim, -1)]
+
+
+@register("Compress", since=11)
+@register("Compress", since=9)
+class Compress(Kernel):
+    """numpy.compress: the slices along `axis` (of the flattened input without one) where condition is True.
+
+    "Its length can be less than the input length along the axis ... In such cases data slices
+    or elements exceeding the condition length are discarded." The output size depends on the
+    condition's values, so the kernel is dynamic (infer still tells it when the condition is
+    known at compile time).
+    """
+
+    dynamic = True
+
+    @classmethod
+    def infer(cls, ctx, inputs):
+        x, cond = inputs[0], inputs[1]
+        axis = ctx.attrs.get("axis")
+        n = None if cond.value is None else cls.count(cond.value, x.shape, axis, ctx.name)
+        if axis is None:
+            return [TensorInfo(x.dtype, (n,))]
+        axis = normalize_axis(int(axis), x.rank, ctx.name)
+        return [TensorInfo(x.dtype, x.shape[:axis] + (n,) + x.shape[axis + 1:])]
+
+    @staticmethod
+    def count(cond: np.ndarray, shape: Shape, axis: int | None, name: str) -> Dim:
+        """How many slices a condition selects, or a ShapeError when it is too long."""
+        size = _product(shape) if axis is None else shape[normalize_axis(int(axis), len(shape), name)]
+        cond = np.asarray(cond).reshape(-1)
+        if isinstance(size, int) and cond.size > size:
+            raise ShapeError(f"{name}: Compress condition has {cond.size} entries for {size} "
+                             f"slices; it may be shorter, never longer")
+        return int(np.count_nonzero(cond[:size] if isinstance(size, int) else cond))
+
+    def run(self, inputs, outputs, workspace):
+        x, cond = inputs[0], inputs[1]
+        axis = self.ctx.attrs.get("axis")
+        self.count(cond, x.shape, axis, self.ctx.name)
+        return [np.compress(cond.reshape(-1), x, axis=None if axis is None else int(axis))]
+
+
+@register("Unique", since=11)
+class Unique(Kernel):
+    """Unique values (or slices along `axis`), sorted or in order of first occurrence.
+
+    Outputs: Y, the index of each Y entry's first occurrence in X, the Y index of each X entry
+    (inverse_indices), and counts; the sizes depend on values, so the kernel is dynamic.
+    """
+
+    dynamic = True
+
+    @classmethod
+    def infer(cls, ctx, inputs):
+        x = inputs[0]
+        axis = ctx.attrs.get("axis")
+        if axis is None:
+            y, n = (None,), _product(x.shape)
+        else:
+            a = normalize_axis(int(axis), x.rank, ctx.name)
+            y, n = x.shape[:a] + (None,) + x.shape[a + 1:], x.shape[a]
+        return [TensorInfo(x.dtype, y), TensorInfo(_INT64, (None,)), TensorInfo(_INT64, (n,)),
+                TensorInfo(_INT64, (None,))]
+
+    def run(self, inputs, outputs, workspace):
+        x = inputs[0]
+        axis = self.ctx.attrs.get("axis")
+        if axis is not None:
+            axis = normalize_axis(int(axis), x.ndim, self.ctx.name)
+        y, first, inverse, counts = np.unique(x if axis is not None else x.reshape(-1),
+                                              return_index=True, return_inverse=True,
+                                              return_counts=True, axis=axis)
+        inverse = inverse.reshape(-1)
+        if not self.ctx.attrs.get("sorted", 1):
+            order = np.argsort(first, kind="stable")
+            rank = np.empty_like(order)
+            rank[order] = np.arange(order.size)
+            y = np.take(y, order, axis=axis or 0)
+            first, counts, inverse = first[order], counts[order], rank[inverse]
+        return [y, first.astype(np.int64), inverse.astype(np.int64), counts.astype(np.int64)]
+
+
+# ----------------------------------------------------------------------------- generators, layout
+
+
+@register("Trilu", since=14)
+class Trilu(Kernel):
+    """Keep the upper (j - i >= k) or lower (j - i <= k) triangle of the last two dims, zero the rest."""
+
+    inplace = {0: 0}
+
+    @classmethod
+    def infer(cls, ctx, inputs):
+        x = inputs[0]
+        if x.rank < 2:
+            raise ShapeError(f"{ctx.name}: Trilu needs a tensor of rank >= 2, got {x.shape}")
+        return [TensorInfo(x.dtype, x.shape)]
+
+    def run(self, inputs, outputs, workspace):
+        x, out = inputs[0], outputs[0]
+        k = int(inputs[1]) if _present(inputs, 1) else 0
+        rows, cols = x.shape[-2:]
+        diag = np.arange(cols)[None, :] - np.arange(rows)[:, None]
+        drop = diag < k if self.ctx.attrs.get("upper", 1) else diag > k
+        if not _same_memory(x, out):
+            np.copyto(out, x)
+        np.copyto(out, np.zeros((), out.dtype), where=drop)
+
+
+@register("EyeLike", since=9)
+class EyeLike(Kernel):
+    """A 2-D tensor of the input's shape with ones on diagonal k, zeros elsewhere."""
+
+    @classmethod
+    def infer(cls, ctx, inputs):
+        x = inputs[0]
+        if x.rank != 2:
+            raise ShapeError(f"{ctx.name}: EyeLike needs a 2-D input, got shape {x.shape}")
+        code = ctx.attrs.get("dtype")
+        return [TensorInfo(x.dtype if code is None else onnx_dtype(code, ctx), x.shape)]
+
+    def run(self, inputs, outputs, workspace):
+        out = outputs[0]
+        rows, cols = out.shape
+        k = int(self.ctx.attrs.get("k", 0))
+        out.fill(0)
+        # Diagonal k starts at flat offset k (k >= 0) or -k * cols and steps by cols + 1.
+        start, count = (k, min(rows, cols - k)) if k >= 0 else (-k * cols, min(cols, rows + k))
+        if count > 0:
+            out.reshape(-1)[start:start + count * (cols + 1):cols + 1] = 1
+
+
+class _BlockMove(Kernel):
+    """DepthToSpace / SpaceToDepth: a 6-D reshape, a transpose, a 4-D reshape, copied once into `out`."""
+
+    @classmethod
+    def plan(cls, ctx: OpContext, shape: Shape) -> tuple[tuple, tuple[int, ...], Shape]:
+        """(6-D view of the input, its permutation, the 4-D output shape)."""
+        raise NotImplementedError
+
+    @staticmethod
+    def params(ctx: OpContext, shape: Shape) -> tuple[int, bool]:
+        """(blocksize, DCR mode?) after checking the input is 4-D."""
+        if len(shape) != 4:
+            raise ShapeError(f"{ctx.name}: {ctx.op_type} needs a 4-D NCHW input, got {tuple(shape)}")
+        bs = int(ctx.attrs["blocksize"])
+        mode = ctx.attrs.get("mode", "DCR")
+        if bs < 1 or mode not in ("DCR", "CRD"):
+            raise ShapeError(f"{ctx.name}: {ctx.op_type} needs blocksize >= 1 and mode DCR or CRD "
+                             f"(got {bs}, {mode!r})")
+        return bs, mode == "DCR"
+
+    @classmethod
+    def infer(cls, ctx, inputs):
+        x = inputs[0]
+        return [TensorInfo(x.dtype, cls.plan(ctx, x.shape)[2])]
+
+    def run(self, inputs, outputs, workspace):
+        x, out = inputs[0], outputs[0]
+        six, perm, _ = self.plan(self.ctx, x.shape)
+        np.copyto(out.reshape([six[p] for p in perm]), x.reshape(six).transpose(perm))
+
+
+def _mul(d: Dim, k: int) -> Dim:
+    return d * k if isinstance(d, int) else d if k == 1 else None
+
+
+def _div(d: Dim, k: int, ctx: OpContext, what: str) -> Dim:
+    if isinstance(d, int):
+        if d % k:
+            raise ShapeError(f"{ctx.name}: {ctx.op_type} {what} {d} is not divisible by {k}")
+        return d // k
+    return d if k == 1 else None
+
+
+@register("DepthToSpace", since=11)
+@register("DepthToSpace", since=1)
+class DepthToSpace(_BlockMove):
+    """Move channel blocks into blocksize x blocksize spatial blocks (DCR or CRD channel order)."""
+
+    @classmethod
+    def plan(cls, ctx, shape):
+        bs, dcr = cls.params(ctx, shape)
+        b, c, h, w = shape
+        c2 = _div(c, bs * bs, ctx, "channels")
+        if dcr:
+            six, perm = (b, bs, bs, c2, h, w), (0, 3, 4, 1, 5, 2)
+        else:
+            six, perm = (b, c2, bs, bs, h, w), (0, 1, 4, 2, 5, 3)
+        return six, perm, (b, c2, _mul(h, bs), _mul(w, bs))
+
+
+@register("SpaceToDepth", since=28)
+@register("SpaceToDepth", since=1)
+class SpaceToDepth(_BlockMove):
+    """Move blocksize x blocksize spatial blocks into channels (DCR; CRD from opset 28)."""
+
+    @classmethod
+    def plan(cls, ctx, shape):
+        bs, dcr = cls.params(ctx, shape)
+        b, c, h, w = shape
+        h2, w2 = _div(h, bs, ctx, "height"), _div(w, bs, ctx, "width")
+        perm = (0, 3, 5, 1, 2, 4) if dcr else (0, 1, 3, 5, 2, 4)
+        return (b, c, h2, bs, w2, bs), perm, (b, _mul(c, bs * bs), h2, w2)
+
+
+@register("ReverseSequence", since=10)
+class ReverseSequence(Kernel):
+    """Reverse the first sequence_lens[b] steps along `time_axis` of each batch entry b."""
+
+    inplace = {0: 0}
+
+    @classmethod
+    def infer(cls, ctx, inputs):
+        x, lens = inputs[0], inputs[1]
+        t, b = int(ctx.attrs.get("time_axis", 0)), int(ctx.attrs.get("batch_axis", 1))
+        if x.rank < 2 or {t, b} != {0, 1}:
+            raise ShapeError(f"{ctx.name}: ReverseSequence needs rank >= 2 and time/batch axes 0 "
+                             f"and 1 in some order (got rank {x.rank}, time {t}, batch {b})")
+        _merge(x.shape[b], lens.shape[0] if lens.rank == 1 else None, ctx.name,
+               "sequence_lens needs one length per batch entry")
+        return [TensorInfo(x.dtype, x.shape)]
+
+    def run(self, inputs, outputs, workspace):
+        x, lens = inputs[0], inputs[1]
+        out = outputs[0]
+        t = int(self.ctx.attrs.get("time_axis", 0))
+        if not _same_memory(x, out):
+            np.copyto(out, x)
+        steps = x.shape[t]
+        for i, n in enumerate(lens.tolist()):
+            if not 0 <= n <= steps:
+                raise KernelError(f"{self.ctx.name}: sequence length {n} of batch entry {i} is "
+                                  f"outside [0, {steps}]")
+            where = (slice(n), i) if t == 0 else (i, slice(n))
+            out[where] = x[where][::-1]
+
+
+# ----------------------------------------------------------------------------- padding and cropping
+
+
+def _pad_source(mode: str, pos: np.ndarray, n: int, name: str) -> np.ndarray:
+    """For positions outside [0, n) along an axis, the index in [0, n) whose value they copy."""
+    if mode == "edge":
+        return np.clip(pos, 0, n - 1)
+    if mode == "wrap":
+        return pos % n
+    if mode == "reflect":
+        if n == 1:
+            return np.zeros_like(pos)
+        period = 2 * (n - 1)
+        m = pos % period
+        return np.where(m < n, m, period - m)
+    raise KernelError(f"{name}: Pad mode {mode!r} is unknown; use constant, reflect, edge or wrap")
+
+
+@register("Pad", since=19)
+@register("Pad", since=18)
+@register("Pad", since=11)
+@register("Pad", since=2)
+@register("Pad", since=1)
+class Pad(Kernel):
+    """Pad (or, with negative pads, crop) each axis: constant, reflect, edge or wrap (opset 19).
+
+    pads are [x1_begin, x2_begin, ..., x1_end, x2_end, ...] over `axes` (opset 18; all axes
+    otherwise): an attribute before opset 11, an input after. Negative pads remove elements
+    first; reflect, edge and wrap then read the remaining elements.
+    """
+
+    @staticmethod
+    def widths(ctx: OpContext, inputs: Sequence, rank: int) -> tuple[list[int], list[int]] | None:
+        """(before, after) per axis, or None when pads or axes are not known yet."""
+        if ctx.opset < 11:
+            pads, axes = ctx.attrs.get("pads" if ctx.opset >= 2 else "paddings"), None
+        else:
+            pads = _known(inputs, 1)
+            axes = _known(inputs, 3) if ctx.opset >= 18 else None
+            if pads is None or (axes is None and ctx.opset >= 18 and _present(inputs, 3)):
+                return None
+        pads = _ints(pads)
+        axes = list(range(rank)) if axes is None else _normalize_axes(_ints(axes), rank, ctx.name)
+        if len(pads) != 2 * len(axes):
+            raise ShapeError(f"{ctx.name}: Pad needs 2 pads per padded axis ({len(axes)} axes), "
+                             f"got {len(pads)}")
+        before, after = [0] * rank, [0] * rank
+        for i, a in enumerate(axes):
+            before[a], after[a] = pads[i], pads[len(axes) + i]
+        return before, after
+
+    @classmethod
+    def infer(cls, ctx, inputs):
+        x = inputs[0]
+        w = cls.widths(ctx, inputs, x.rank)
+        if w is None:
+            return [TensorInfo(x.dtype, (None,) * x.rank)]
+        dims: list[Dim] = []
+        for d, b, a in zip(x.shape, *w):
+            if isinstance(d, int) and d + b + a < 0:
+                raise ShapeError(f"{ctx.name}: Pad crops {-(b + a)} from an axis of size {d}")
+            dims.append(d + b + a if isinstance(d, int) else d if b + a == 0 else None)
+        return [TensorInfo(x.dtype, tuple(dims))]
+
+    def fill_value(self, inputs: Sequence[np.ndarray | None]) -> object:
+        if self.ctx.opset < 11:
+            return self.ctx.attrs.get("value", 0.0)
+        return inputs[2].reshape(-1)[0] if _present(inputs, 2) and inputs[2].size else 0
+
+    def run(self, inputs, outputs, workspace):
+        x, out = inputs[0], outputs[0]
+        before, after = self.widths(self.ctx, inputs, x.ndim)
+        src = tuple(slice(max(-b, 0), d - max(-a, 0)) for d, b, a in zip(x.shape, before, after))
+        core = tuple(slice(max(b, 0), max(b, 0) + s.stop - s.start) for b, s in zip(before, src))
+        out[core] = x[src]
+        mode = self.ctx.attrs.get("mode", "constant")
+        for i, c in enumerate(core):
+            size, lead = out.shape[i], (slice(None),) * i
+            if c.start == 0 and c.stop == size:
+                continue
+            if mode == "constant":
+                value = self.fill_value(inputs)
+                out[lead + (slice(0, c.start),)] = value
+                out[lead + (slice(c.stop, size),)] = value
+                continue
+            n = c.stop - c.start
+            if n == 0:
+                raise KernelError(f"{self.ctx.name}: Pad cannot {mode}-pad axis {i}: no elements "
+                                  f"are left to copy from")
+            # Axes before i are padded already (whole extent); axes after i only in their core.
+            pads = np.r_[np.arange(c.start), np.arange(c.stop, size)]
+            src_idx = _pad_source(mode, pads - c.start, n, self.ctx.name)
+            band = out[lead + (c,) + core[i + 1:]]
+            out[lead + (pads,) + core[i + 1:]] = np.take(band, src_idx, axis=i)
+
+
+@register("CenterCropPad", since=18)
+class CenterCropPad(Kernel):
+    """Crop or zero-pad the listed axes to the given sizes, keeping the content centred.
+
+    Odd differences put the extra element at the end: a crop starts at (dim - size) // 2 and a
+    pad puts (size - dim) // 2 zeros first.
+    """
+
+    @staticmethod
+    def axes(ctx: OpContext, rank: int) -> list[int]:
+        axes = ctx.attrs.get("axes")
+        return list(range(rank)) if axes is None else _normalize_axes(_ints(axes), rank, ctx.name)
+
+    @classmethod
+    def infer(cls, ctx, inputs):
+        x, target = inputs[0], inputs[1]
+        axes = cls.axes(ctx, x.rank)
+        dims = list(x.shape)
+        sizes = [None] * len(axes) if target.value is None else _ints(target.value)
+        if len(sizes) != len(axes) or any(s is not None and s < 0 for s in sizes):
+            raise ShapeError(f"{ctx.name}: CenterCropPad needs one non-negative size per axis "
+                             f"{axes}, got {sizes}")
+        for a, s in zip(axes, sizes):
+            dims[a] = s
+        return [TensorInfo(x.dtype, tuple(dims))]
+
+    def run(self, inputs, outputs, workspace):
+        x, out = inputs[0], outputs[0]
+        src, dst = [slice(None)] * x.ndim, [slice(None)] * x.ndim
+        for a in self.axes(self.ctx, x.ndim):
+            d, t = x.shape[a], out.shape[a]
+            if t < d:
+                src[a] = slice((d - t) // 2, (d - t) // 2 + t)
+            elif t > d:
+                dst[a] = slice((t - d) // 2, (t - d) // 2 + d)
+        if any(s != slice(None) for s in dst):
+            out.fill(0)
+        out[tuple(dst)] = x[tuple(src)]
