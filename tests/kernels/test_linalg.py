@@ -47,6 +47,8 @@ def test_matmul_batch_folded_into_one_gemm():
     a, b = rand((3, 7, 8)), rand((8, 5))
     check("MatMul", [a, b], rtol=1e-5, atol=1e-5)
     check("MatMul", [rand((2, 3, 1, 8)), b], rtol=1e-5, atol=1e-5)
+    check("MatMul", [a, rand((8,))], rtol=1e-5, atol=1e-5)
+    check("MatMul", [a[:, :, ::2], rand((4, 3))], rtol=1e-5, atol=1e-5)
 
 
 def test_matmul_float16_widened():

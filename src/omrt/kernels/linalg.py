@@ -56,16 +56,16 @@ def matmul_shape(a: Shape, b: Shape, name: str) -> Shape:
 class _Product:
     """A @ B into `out`, planned once for the shapes at hand.
 
-    When B is a matrix, A's batch dims are folded into its rows so one GEMM call does the whole
-    product; float16 operands are multiplied in float32 inside the workspace, because numpy has
+    When B is a matrix or a vector, A's batch dims are folded into its rows so one BLAS call
+    does the whole product; float16 operands are multiplied in float32 inside the workspace, because numpy has
     no BLAS path for float16.
     """
 
     def __init__(self, a: Shape, b: Shape, out: Shape, dtype: np.dtype) -> None:
-        self.fold = len(b) == 2 and len(a) > 2
+        self.fold = len(b) <= 2 and len(a) > 2
         if self.fold:
-            a = (int(np.prod(a[:-1], dtype=np.int64)), a[-1])
-            out = (a[0], b[-1])
+            a = (numel(a[:-1]), a[-1])
+            out = (a[0], *b[1:])
         self.shapes = (tuple(a), tuple(b), tuple(out))
         self.wide = _narrow(np.dtype(dtype))
         self.nbytes = _wide_bytes(self.shapes) if self.wide else 0

@@ -15,6 +15,13 @@ def _axes_tuple(values: Any, rank: int, name: str) -> tuple[int, ...]:
     return tuple(sorted({normalize_axis(int(a), rank, name) for a in np.ravel(values)}))
 
 
+def _scratch(x: np.ndarray, workspace: np.ndarray | None) -> np.ndarray:
+    """An array shaped like `x` in a workspace of x.nbytes (absent when `x` is empty)."""
+    if workspace is None:
+        return np.empty_like(x)
+    return workspace[:x.nbytes].view(x.dtype).reshape(x.shape)
+
+
 def _reduced_shape(shape: Shape, axes: tuple[int, ...], keepdims: bool) -> Shape:
     if keepdims:
         return tuple(1 if i in axes else d for i, d in enumerate(shape))
@@ -94,12 +101,6 @@ class Reduce(Kernel):
             return _axes_tuple(given, self.rank, self.ctx.name)
         return () if self.ctx.attr("noop_with_empty_axes", 0) else tuple(range(self.rank))
 
-    def scratch(self, x: np.ndarray, workspace: np.ndarray | None) -> np.ndarray:
-        """An array shaped like `x` in the workspace (which is absent when `x` is empty)."""
-        if workspace is None:
-            return np.empty_like(x)
-        return workspace[:x.nbytes].view(x.dtype).reshape(x.shape)
-
     def reduce(self, x: np.ndarray, axes: tuple[int, ...], out: np.ndarray,
                workspace: np.ndarray | None) -> None:
         raise NotImplementedError(f"{type(self).__name__}.reduce")
@@ -175,7 +176,7 @@ def ReduceProd(self, x, axes, out, workspace):
 def ReduceL1(self, x, axes, out, workspace):
     """Sum of absolute values over the axes."""
     if x.dtype.kind != "u":
-        x = np.abs(x, out=self.scratch(x, workspace))
+        x = np.abs(x, out=_scratch(x, workspace))
     np.sum(x, axis=axes, out=out, keepdims=True)
 
 
@@ -204,7 +205,7 @@ def ReduceLogSumExp(self, x, axes, out, workspace):
     """log(sum(exp(x))) over the axes, shifted by the maximum so that exp cannot overflow."""
     np.maximum.reduce(x, axis=axes, out=out, keepdims=True, initial=-np.inf)
     out[~np.isfinite(out)] = 0
-    shifted = np.subtract(x, out, out=self.scratch(x, workspace))
+    shifted = np.subtract(x, out, out=_scratch(x, workspace))
     np.exp(shifted, out=shifted)
     total = np.sum(shifted, axis=axes, keepdims=True)
     np.log(total, out=total)
@@ -381,6 +382,17 @@ class CumProd(Cumulative):
 # ----------------------------------------------------------------------------- Softmax family
 
 
+def _log_softmax(x: np.ndarray, out: np.ndarray) -> None:
+    """LogSoftmax along axis 1 of `x` into `out` (not in place: x is read twice)."""
+    top = x.max(axis=1, keepdims=True)
+    np.subtract(x, top, out=out)
+    np.exp(out, out=out)
+    total = out.sum(axis=1, keepdims=True)
+    np.log(total, out=total)
+    np.add(total, top, out=total)
+    np.subtract(x, total, out=out)
+
+
 class SoftmaxBase(Kernel):
     """Softmax-like ops, computed on a (outer, n, inner) view with only reduced-size temporaries.
 
@@ -436,13 +448,7 @@ class LogSoftmax(SoftmaxBase):
     """x - max - log(sum(exp(x - max))) along the axis."""
 
     def compute(self, x: np.ndarray, out: np.ndarray) -> None:
-        top = x.max(axis=1, keepdims=True)
-        np.subtract(x, top, out=out)
-        np.exp(out, out=out)
-        total = out.sum(axis=1, keepdims=True)
-        np.log(total, out=total)
-        np.add(total, top, out=total)
-        np.subtract(x, total, out=out)
+        _log_softmax(x, out)
 
 
 @register("Hardmax", since=1)
@@ -456,3 +462,84 @@ class Hardmax(SoftmaxBase):
         first = np.argmax(x, axis=1, keepdims=True)
         out.fill(0)
         np.put_along_axis(out, first, 1, axis=1)
+
+
+# ----------------------------------------------------------------------------- losses
+
+
+class Loss(Kernel):
+    """Negative log-likelihood of the targets' log-probabilities, weighted, then reduced.
+
+    "loss[n][d_1]...[d_k] = -input[n][c][d_1]...[d_k] * weight[c]" with c = target[n][d_1]...;
+    targets equal to `ignore_index` add nothing, and "mean" divides by the sum of the weights
+    of the targets not ignored. The scores are (N, C, d1, ..., dk), the targets (N, d1, ..., dk).
+    """
+
+    @classmethod
+    def infer(cls, ctx: OpContext, inputs: Sequence[TensorInfo | None]) -> list[TensorInfo]:
+        x, target = inputs[0], inputs[1]
+        if x.rank < 2 or target.rank != x.rank - 1:
+            raise ShapeError(f"{ctx.name}: {ctx.op_type} needs scores (N, C, ...) and targets "
+                             f"(N, ...) one rank lower, got {x.shape} and {target.shape}")
+        reduction = ctx.attr("reduction", "mean")
+        if reduction not in ("none", "sum", "mean"):
+            raise ShapeError(f"{ctx.name}: {ctx.op_type} reduction {reduction!r} is not one of "
+                             f"'none', 'sum', 'mean'")
+        return [TensorInfo(x.dtype, target.shape if reduction == "none" else ())]
+
+    def nll(self, logp: np.ndarray, target: np.ndarray, weight: np.ndarray | None,
+            out: np.ndarray) -> None:
+        """The loss of log-probabilities `logp` into `out`."""
+        n, c = logp.shape[:2]
+        logp = logp.reshape(n, c, -1)
+        target = target.reshape(n, 1, -1)
+        ignore = self.ctx.attr("ignore_index")
+        keep = None if ignore is None else target != ignore
+        if keep is not None:
+            target = np.where(keep, target, 0)
+        picked = np.take_along_axis(logp, target, axis=1)
+        scale = np.ones_like(picked) if weight is None else weight[target].astype(logp.dtype)
+        if keep is not None:
+            np.multiply(scale, keep, out=scale)
+        loss = np.multiply(picked, scale, out=picked)
+        np.negative(loss, out=loss)
+        reduction = self.ctx.attr("reduction", "mean")
+        if reduction == "none":
+            out[...] = loss.reshape(out.shape)
+        elif reduction == "sum":
+            out[...] = loss.sum()
+        else:
+            with np.errstate(divide="ignore", invalid="ignore"):
+                out[...] = loss.sum() / scale.sum()
+
+
+@register("NegativeLogLikelihoodLoss", since=12)
+class NegativeLogLikelihoodLoss(Loss):
+    """NLL loss of given log-probabilities."""
+
+    def run(self, inputs, outputs, workspace):
+        self.nll(inputs[0], inputs[1], inputs[2] if len(inputs) > 2 else None, outputs[0])
+
+
+@register("SoftmaxCrossEntropyLoss", since=12)
+class SoftmaxCrossEntropyLoss(Loss):
+    """NLL loss of LogSoftmax(scores, axis=1); the log-probabilities are the optional output 1.
+
+    Without that output they are computed in the workspace.
+    """
+
+    @classmethod
+    def infer(cls, ctx: OpContext, inputs: Sequence[TensorInfo | None]) -> list[TensorInfo]:
+        x = inputs[0]
+        return [*super().infer(ctx, inputs), TensorInfo(x.dtype, x.shape)]
+
+    def workspace(self) -> int:
+        return self.inputs[0].nbytes if len(self.outputs) < 2 or self.outputs[1] is None else 0
+
+    def run(self, inputs, outputs, workspace):
+        x = inputs[0]
+        logp = outputs[1] if len(outputs) > 1 and outputs[1] is not None else _scratch(x, workspace)
+        if x.size:
+            shape3 = (x.shape[0], x.shape[1], -1)
+            _log_softmax(x.reshape(shape3), logp.reshape(shape3))
+        self.nll(logp, inputs[1], inputs[2] if len(inputs) > 2 else None, outputs[0])
