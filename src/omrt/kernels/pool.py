@@ -13,7 +13,7 @@ import numpy as np
 
 from ..errors import ShapeError
 from .base import Kernel, OpContext, TensorInfo, register
-from .conv import Tap, int_list, sliding_window, window_of
+from .conv import Tap, Window, int_list, sliding_window, window_of
 
 _ALL = (Ellipsis,)
 
@@ -28,8 +28,19 @@ def _kernel_shape(ctx: OpContext, x: TensorInfo) -> list[int]:
     return [int(k) for k in ks]
 
 
+def _align(n: int) -> int:
+    return (n + 63) & ~63
+
+
 class _WindowPool(Kernel):
-    """A pool whose window slides over the spatial dims of X (N, C, *spatial)."""
+    """A pool whose window slides over the spatial dims of X (N, C, *spatial).
+
+    Max and sum over a box window are separable: the pool reduces one spatial dim at a time
+    (each stage one ufunc call per kernel tap along that dim, intermediates in the workspace),
+    which costs sum(kernel) instead of prod(kernel) passes and keeps inner loops long.
+    """
+
+    identity: float = 0.0
 
     @classmethod
     def infer(cls, ctx: OpContext, inputs: Sequence[TensorInfo | None]) -> list[TensorInfo]:
@@ -43,14 +54,43 @@ class _WindowPool(Kernel):
         super().__init__(ctx, inputs, outputs)
         x = inputs[0]
         self.win = window_of(ctx, x.shape[2:], _kernel_shape(ctx, x), bool(ctx.attrs.get("ceil_mode", 0)))
-        self.taps = [t for t in self.win.taps() if not t.empty]
+        w = self.win
+        self.stages: list[list[Tap]] = []
+        for d in range(len(w.kernel)):
+            line = Window(w.size[d:d + 1], w.kernel[d:d + 1], w.strides[d:d + 1], w.dilations[d:d + 1],
+                          w.begin[d:d + 1], w.end[d:d + 1], w.out[d:d + 1])
+            taps = [t for t in line.taps() if not t.empty]
+            taps.sort(key=lambda t: t.bounds != ((0, w.out[d]),))
+            self.stages.append(taps)
+        self.stage_shapes = [tuple(x.shape[:2]) + w.out[:d + 1] + w.size[d + 1:]
+                             for d in range(len(w.kernel) - 1)]
+        self.stage_bytes = sum(_align(math.prod(sh) * x.dtype.itemsize) for sh in self.stage_shapes)
 
-    def _sum(self, x: np.ndarray, y: np.ndarray) -> None:
-        """y = sum over the window of x (padding adds nothing)."""
-        y.fill(0)
-        for tap in self.taps:
-            yv = y[_ALL + tap.dst]
-            np.add(yv, x[_ALL + tap.src], out=yv)
+    def workspace(self) -> int:
+        return self.stage_bytes
+
+    def _reduce(self, ufunc: np.ufunc, x: np.ndarray, y: np.ndarray, workspace: np.ndarray | None) -> None:
+        """y = ufunc-reduction of x over each window (padding is skipped), one spatial dim at a time."""
+        src, offset = x, 0
+        for d, taps in enumerate(self.stages):
+            if d < len(self.stage_shapes):
+                shape = self.stage_shapes[d]
+                nbytes = math.prod(shape) * x.dtype.itemsize
+                dst = workspace[offset:offset + nbytes].view(x.dtype).reshape(shape)
+                offset += _align(nbytes)
+            else:
+                dst = y
+            lead = (slice(None),) * (2 + d)
+            rest = taps
+            if taps and taps[0].bounds == ((0, dst.shape[2 + d]),):
+                np.copyto(dst, src[lead + taps[0].src])
+                rest = taps[1:]
+            else:
+                dst.fill(self.identity)
+            for tap in rest:
+                view = dst[lead + tap.dst]
+                ufunc(view, src[lead + tap.src], out=view)
+            src = dst
 
 
 @register("MaxPool", since=1)
@@ -66,17 +106,23 @@ class MaxPool(_WindowPool):
         y = super().infer(ctx, inputs)[0]
         return [y, TensorInfo(np.dtype(np.int64), y.shape)] if ctx.opset >= 8 else [y]
 
+    def __init__(self, ctx: OpContext, inputs: Sequence[TensorInfo | None],
+                 outputs: Sequence[TensorInfo]) -> None:
+        super().__init__(ctx, inputs, outputs)
+        dtype = inputs[0].dtype
+        self.identity = -np.inf if dtype.kind == "f" else np.iinfo(dtype).min
+
     def run(self, inputs, outputs, workspace):
         x, y = inputs[0], outputs[0]
         indices = outputs[1] if len(outputs) > 1 else None
-        y.fill(-np.inf if y.dtype.kind == "f" else np.iinfo(y.dtype).min)
         if indices is None:
-            for tap in self.taps:
-                yv = y[_ALL + tap.dst]
-                np.maximum(yv, x[_ALL + tap.src], out=yv)
+            self._reduce(np.maximum, x, y, workspace)
             return
+        y.fill(self.identity)
         indices.fill(-1)
-        for tap in self.taps:
+        for tap in self.win.taps():
+            if tap.empty:
+                continue
             dst = _ALL + tap.dst
             yv, iv, xv = y[dst], indices[dst], x[_ALL + tap.src]
             take = xv > yv
@@ -92,7 +138,7 @@ class MaxPool(_WindowPool):
         column_major = int(self.ctx.attrs.get("storage_order", 0)) == 1
         size = self.win.size
         flat = np.zeros((), np.int64)
-        for i, (sl, n) in enumerate(zip(tap.src, size)):
+        for i, sl in enumerate(tap.src):
             step = math.prod(size[:i]) if column_major else math.prod(size[i + 1:])
             coords = np.arange(sl.start, sl.stop, sl.step, dtype=np.int64) * step
             flat = np.add.outer(flat, coords)
@@ -116,7 +162,7 @@ class AveragePool(_WindowPool):
 
     def run(self, inputs, outputs, workspace):
         y = outputs[0]
-        self._sum(inputs[0], y)
+        self._reduce(np.add, inputs[0], y, workspace)
         np.divide(y, self.divisor, out=y)
 
 
@@ -138,14 +184,14 @@ class LpPool(_WindowPool):
     """(sum over the window of |x|^p)^(1/p); padding contributes zero."""
 
     def workspace(self) -> int:
-        return self.inputs[0].nbytes
+        return self.stage_bytes + self.inputs[0].nbytes
 
     def run(self, inputs, outputs, workspace):
         x, y = inputs[0], outputs[0]
         p = _p(self.ctx)
-        powered = workspace[:x.nbytes].view(x.dtype).reshape(x.shape)
+        powered = workspace[self.stage_bytes:self.stage_bytes + x.nbytes].view(x.dtype).reshape(x.shape)
         _abs_pow(x, p, powered)
-        self._sum(powered, y)
+        self._reduce(np.add, powered, y, workspace)
         np.power(y, y.dtype.type(1 / p), out=y)
 
 
