@@ -80,8 +80,7 @@ def propagate(graph: Graph, fold: bool = True, fold_limit: int = 1 << 31) -> Gra
                       else execute(cls, ctx, [None if i is None else i.value for i in ins], ins, outs))
             for name, val in zip(node.outputs, values):
                 if name:
-                    graph.constants[name] = val
-                    infos[name] = TensorInfo.of(val)
+                    graph.add_constant(name, val)
             continue
         for name, info in zip(node.outputs, outs):
             if name:

@@ -74,6 +74,11 @@ class Graph:
         """The opset the model imports for `domain` (omrt-internal ops use 1)."""
         return self.opsets.get("" if domain == "ai.onnx" else domain, 1)
 
+    def add_constant(self, name: str, value: np.ndarray) -> None:
+        """Add (or replace) a constant together with its info."""
+        self.constants[name] = value
+        self.infos[name] = TensorInfo.of(value)
+
     def consumers(self) -> dict[str, list[int]]:
         """Value name -> indices of the nodes that read it."""
         uses: dict[str, list[int]] = {}

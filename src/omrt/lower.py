@@ -113,8 +113,16 @@ def lower(graph: Graph) -> Program:
     def is_arena(root: str) -> bool:
         return root not in roots_input and root not in roots_const and root not in dynamic
 
+    output_roots = {buffers.root(g) for g in graph.outputs}
     for t, (task, cls) in enumerate(zip(tasks, kernels)):
-        for o, i in cls.inplace.items():
+        node = graph.nodes[task.node]
+        pairs = [(o, i, False) for o, i in cls.inplace.items()]
+        if task.outputs and task.outputs[0] not in dynamic:
+            ins = [infos[v] if v else None for v in task.inputs]
+            prefix = cls.prefix_input(context(node, graph), ins, [infos[task.outputs[0]]])
+            if prefix is not None:
+                pairs.append((0, prefix, True))
+        for o, i, grows in pairs:
             if o >= len(task.outputs) or i >= len(task.inputs):
                 continue
             out, src = task.outputs[o], task.inputs[i]
@@ -122,12 +130,14 @@ def lower(graph: Graph) -> Program:
                 continue
             root = buffers.root(src)
             same_root_reads = sum(1 for v in task.inputs if v and buffers.root(v) == root)
+            fits = grows or infos[out].shape == infos[src].shape
             if (is_arena(root) and last.get(root) == t and same_root_reads == 1
-                    and root not in {buffers.root(g) for g in graph.outputs}
-                    and infos[out].dtype == infos[src].dtype and infos[out].shape == infos[src].shape):
+                    and root not in output_roots and buffers.root(out) == out
+                    and infos[out].dtype == infos[src].dtype and fits):
                 buffers.base[out] = root
                 last[root] = last.get(out, t)
                 last.pop(out, None)
+                break
 
     # re-derive lifetimes now that in-place outputs joined their inputs' buffers
     first: dict[str, int] = {}
@@ -160,12 +170,17 @@ def lower(graph: Graph) -> Program:
     for o in copy_only:
         last[buffers.root(o)] = len(tasks)
 
+    group_bytes: dict[str, int] = {}
+    for v in infos:
+        if v not in graph.constants and infos[v].static:
+            r = buffers.root(v)
+            group_bytes[r] = max(group_bytes.get(r, 1), infos[v].nbytes)
     blocks: list[Block] = []
     block_of: dict[str, Block] = {}
     for root in sorted(first, key=lambda r: first[r]):
         if root in claimed or root in dynamic:
             continue
-        b = Block(root, max(infos[root].nbytes, 1), first[root], last.get(root, first[root]))
+        b = Block(root, group_bytes[root], first[root], last.get(root, first[root]))
         blocks.append(b)
         block_of[root] = b
     for t, (task, cls) in enumerate(zip(tasks, kernels)):

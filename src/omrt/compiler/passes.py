@@ -66,8 +66,8 @@ def fold_batchnorm(graph: Graph) -> Graph:
         new_w = (w * s.reshape((-1,) + (1,) * (w.ndim - 1))).astype(w.dtype)
         new_b = ((0.0 if b is None else b) - mean) * s + beta
         wname, bname = f"{conv.outputs[0]}__bn_w", f"{conv.outputs[0]}__bn_b"
-        graph.constants[wname] = new_w
-        graph.constants[bname] = new_b.astype(w.dtype)
+        graph.add_constant(wname, new_w)
+        graph.add_constant(bname, new_b.astype(w.dtype))
         conv.inputs = [conv.inputs[0], wname, bname]
         out = bn.outputs[0]
         graph.infos[out] = graph.infos[conv.outputs[0]]

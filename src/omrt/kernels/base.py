@@ -58,6 +58,13 @@ class Kernel:
         """Output dtypes and shapes from input infos; raise ShapeError naming the rule broken."""
         raise NotImplementedError(f"{cls.__name__}.infer")
 
+    @classmethod
+    def prefix_input(cls, ctx: OpContext, inputs: Sequence[TensorInfo | None],
+                     outputs: Sequence[TensorInfo]) -> int | None:
+        """An input whose bytes may already sit at the start of output 0 (the kernel then skips
+        writing them), letting the planner grow that input's buffer into the output (Concat)."""
+        return None
+
     def workspace(self) -> int:
         """Scratch bytes this task needs in the arena (planned like any tensor)."""
         return 0

@@ -16,7 +16,7 @@ import numpy as np
 from ..errors import ShapeError
 from .base import Dim, Kernel, OpContext, TensorInfo, apply_activation, register
 
-WORKSPACE_CAP = 8 << 20
+WORKSPACE_CAP = 1 << 20
 """Upper bound (bytes) of an im2col/col2im column buffer; bigger layers are processed in row chunks."""
 
 _ACTIVATIONS = frozenset({"Relu", "LeakyRelu", "Clip", "Sigmoid", "Tanh", "HardSigmoid"})
