@@ -1,0 +1,364 @@
+"""Recurrent kernels: RNN, GRU and LSTM on one base (directions, layouts, sequence lengths, activations).
+
+The input projection X @ W^T + biases of every time step is one matmul into the workspace; the
+time loop then only multiplies the hidden state by R, gate by gate in place, in small scratch
+arrays carved from the workspace.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, ClassVar, Iterator, Sequence
+
+import numpy as np
+
+from ..errors import ShapeError
+from .base import Kernel, OpContext, TensorInfo, register
+from .quantization import carve, carve_size
+
+Activation = Callable[[np.ndarray], None]
+"""Applies an activation to an array in place."""
+
+
+def _sigmoid(x: np.ndarray, alpha: float, beta: float) -> None:
+    with np.errstate(over="ignore"):
+        np.negative(x, out=x)
+        np.exp(x, out=x)
+    np.add(x, 1, out=x)
+    np.reciprocal(x, out=x)
+
+
+def _tanh(x: np.ndarray, alpha: float, beta: float) -> None:
+    np.tanh(x, out=x)
+
+
+def _relu(x: np.ndarray, alpha: float, beta: float) -> None:
+    np.maximum(x, 0, out=x)
+
+
+def _affine(x: np.ndarray, alpha: float, beta: float) -> None:
+    np.multiply(x, alpha, out=x)
+    np.add(x, beta, out=x)
+
+
+def _leaky_relu(x: np.ndarray, alpha: float, beta: float) -> None:
+    np.multiply(x, alpha, out=x, where=x < 0)
+
+
+def _thresholded_relu(x: np.ndarray, alpha: float, beta: float) -> None:
+    x[x < alpha] = 0
+
+
+def _scaled_tanh(x: np.ndarray, alpha: float, beta: float) -> None:
+    np.multiply(x, beta, out=x)
+    np.tanh(x, out=x)
+    np.multiply(x, alpha, out=x)
+
+
+def _hard_sigmoid(x: np.ndarray, alpha: float, beta: float) -> None:
+    _affine(x, alpha, beta)
+    np.clip(x, 0, 1, out=x)
+
+
+def _elu(x: np.ndarray, alpha: float, beta: float) -> None:
+    negative = x < 0
+    x[negative] = alpha * np.expm1(x[negative])
+
+
+def _softsign(x: np.ndarray, alpha: float, beta: float) -> None:
+    np.divide(x, 1 + np.abs(x), out=x)
+
+
+def _softplus(x: np.ndarray, alpha: float, beta: float) -> None:
+    np.logaddexp(x, 0, out=x)
+
+
+_ACTIVATIONS: dict[str, tuple[Callable[[np.ndarray, float, float], None], float | None, float | None]] = {
+    "relu": (_relu, None, None),
+    "tanh": (_tanh, None, None),
+    "sigmoid": (_sigmoid, None, None),
+    "affine": (_affine, 1.0, 0.0),
+    "leakyrelu": (_leaky_relu, 0.01, None),
+    "thresholdedrelu": (_thresholded_relu, 1.0, None),
+    "scaledtanh": (_scaled_tanh, 1.0, 1.0),
+    "hardsigmoid": (_hard_sigmoid, 0.2, 0.5),
+    "elu": (_elu, 1.0, None),
+    "softsign": (_softsign, None, None),
+    "softplus": (_softplus, None, None),
+}
+"""name -> (function, default alpha, default beta); None marks a parameter the function does not take."""
+
+
+def _activation(name: str, alphas: Iterator[float], betas: Iterator[float], node: str) -> Activation:
+    """The activation `name`, taking its alpha and beta (if it has them) from the attribute lists.
+
+    Spec: "activation_alpha: Optional scaling values used by some activation functions. The values
+    are consumed in the order of activation functions". Only functions that take a parameter
+    consume one (as onnxruntime does); a list that runs out leaves the operator defaults.
+    """
+    entry = _ACTIVATIONS.get(name.lower())
+    if entry is None:
+        raise ShapeError(f"{node}: unknown recurrent activation {name!r}; use one of "
+                         f"Relu, Tanh, Sigmoid, Affine, LeakyRelu, ThresholdedRelu, ScaledTanh, "
+                         f"HardSigmoid, Elu, Softsign, Softplus")
+    fn, alpha, beta = entry
+    alpha = next(alphas, alpha) if alpha is not None else 0.0
+    beta = next(betas, beta) if beta is not None else 0.0
+    return lambda x: fn(x, alpha, beta)
+
+
+class _Recurrent(Kernel):
+    """One-layer recurrence over a sequence: forward, reverse or both, with optional per-batch lengths.
+
+    Inputs are X, W, R, B, sequence_lens, initial_h (then initial_c, P for LSTM); outputs Y, Y_h
+    (then Y_c). With `layout` 1 (opset 14) the batch dim comes first in X, Y and the states.
+    Past a batch entry's sequence length its Y rows are 0 and its state stops changing, so Y_h is
+    the state after the last valid step (for the reverse direction, after step 0).
+    """
+
+    gates: ClassVar[int]
+    default_activations: ClassVar[tuple[str, ...]]
+    states: ClassVar[int] = 1
+    scratch: ClassVar[tuple[int, ...]]
+    """Widths, in hidden sizes, of the (batch x width) scratch arrays one time step needs."""
+
+    @staticmethod
+    def _dims(ctx: OpContext, inputs: Sequence[TensorInfo | None]) -> tuple:
+        """(num_directions, seq_length, batch, hidden_size) as far as they are known."""
+        x, w, r = inputs[0], inputs[1], inputs[2]
+        direction = ctx.attr("direction", "forward")
+        if direction not in ("forward", "reverse", "bidirectional"):
+            raise ShapeError(f"{ctx.name}: direction {direction!r} must be forward, reverse or bidirectional")
+        dirs = 2 if direction == "bidirectional" else 1
+        hidden = ctx.attr("hidden_size") or r.shape[-1]
+        if x.rank != 3 or w.rank != 3 or r.rank != 3:
+            raise ShapeError(f"{ctx.name}: {ctx.op_type} needs X, W and R of rank 3, got {x.shape}, "
+                             f"{w.shape} and {r.shape}")
+        if isinstance(w.shape[0], int) and w.shape[0] != dirs:
+            raise ShapeError(f"{ctx.name}: W has {w.shape[0]} directions but direction={direction!r} "
+                             f"needs {dirs}; fix the weights or the direction attribute")
+        seq, batch = (x.shape[1], x.shape[0]) if ctx.attr("layout", 0) else (x.shape[0], x.shape[1])
+        return dirs, seq, batch, hidden
+
+    @classmethod
+    def infer(cls, ctx: OpContext, inputs: Sequence[TensorInfo | None]) -> list[TensorInfo]:
+        dirs, seq, batch, hidden = cls._dims(ctx, inputs)
+        w = inputs[1]
+        if isinstance(w.shape[1], int) and isinstance(hidden, int) and w.shape[1] != cls.gates * hidden:
+            raise ShapeError(f"{ctx.name}: W has {w.shape[1]} rows, {ctx.op_type} with hidden_size "
+                             f"{hidden} needs {cls.gates * hidden} ({cls.gates} gates)")
+        dtype = inputs[0].dtype
+        if ctx.attr("layout", 0):
+            y, state = (batch, seq, dirs, hidden), (batch, dirs, hidden)
+        else:
+            y, state = (seq, dirs, batch, hidden), (dirs, batch, hidden)
+        return [TensorInfo(dtype, y)] + [TensorInfo(dtype, state)] * cls.states
+
+    def __init__(self, ctx: OpContext, inputs: Sequence[TensorInfo | None],
+                 outputs: Sequence[TensorInfo]) -> None:
+        super().__init__(ctx, inputs, outputs)
+        self.dirs, seq, batch, self.hidden = self._dims(ctx, inputs)
+        self.layout = int(ctx.attr("layout", 0))
+        self.backward = [d == 1 or ctx.attr("direction", "forward") == "reverse" for d in range(self.dirs)]
+        clip = ctx.attr("clip")
+        self.clip = None if clip is None else float(clip)
+        names = list(ctx.attr("activations") or self.default_activations * self.dirs)
+        per_dir = len(self.default_activations)
+        if len(names) == per_dir and self.dirs == 2:
+            names *= 2
+        if len(names) != per_dir * self.dirs:
+            raise ShapeError(f"{ctx.name}: {ctx.op_type} takes {per_dir} activations per direction, "
+                             f"got {names}")
+        alphas = iter(ctx.attr("activation_alpha") or ())
+        betas = iter(ctx.attr("activation_beta") or ())
+        acts = [_activation(n, alphas, betas, ctx.name) for n in names]
+        self.acts = [acts[d * per_dir:(d + 1) * per_dir] for d in range(self.dirs)]
+        dtype = inputs[0].dtype
+        h = self.hidden
+        self.specs = ([((seq, batch, self.gates * h), dtype)] + [((batch, h), dtype)] * self.states
+                      + [((batch, k * h), dtype) for k in self.scratch])
+
+    def workspace(self) -> int:
+        return carve_size(*self.specs)
+
+    def bounded(self, a: np.ndarray) -> np.ndarray:
+        """Clip an activation's input to [-clip, clip] in place when the clip attribute is set."""
+        if self.clip is not None:
+            np.clip(a, -self.clip, self.clip, out=a)
+        return a
+
+    def input_bias(self, b: np.ndarray) -> np.ndarray:
+        """The bias folded into the input projection: Wb + Rb."""
+        half = b.shape[0] // 2
+        return b[:half] + b[half:]
+
+    def direction(self, inputs: Sequence[np.ndarray | None], d: int) -> tuple:
+        """What the cell needs for direction d besides R (biases kept out of the projection, P)."""
+        return ()
+
+    def cell(self, d: int, xp: np.ndarray, states: list[np.ndarray], rt: np.ndarray, extra: tuple,
+             scratch: list[np.ndarray]) -> tuple[np.ndarray, ...]:
+        """One time step: the new states (views of scratch) from the projected input `xp`."""
+        raise NotImplementedError
+
+    def _state_view(self, a: np.ndarray | None, d: int) -> np.ndarray | None:
+        if a is None:
+            return None
+        return a[:, d] if self.layout else a[d]
+
+    def run(self, inputs, outputs, workspace):
+        inputs = list(inputs) + [None] * (8 - len(inputs))
+        outputs = list(outputs) + [None] * (1 + self.states - len(outputs))
+        x, w, r, b, lens = inputs[:5]
+        initial = inputs[5:5 + self.states]
+        xs = x.swapaxes(0, 1) if self.layout else x
+        seq = xs.shape[0]
+        proj, *rest = carve(workspace, *self.specs)
+        states, scratch = rest[:self.states], rest[self.states:]
+        masks = None
+        if lens is not None and (np.asarray(lens) < seq).any():
+            masks = (np.arange(seq)[:, None] < np.asarray(lens)[None, :])[:, :, None]
+        y = outputs[0]
+        for d in range(self.dirs):
+            np.matmul(xs, w[d].T, out=proj)
+            if b is not None:
+                np.add(proj, self.input_bias(b[d]), out=proj)
+            for s, init in zip(states, initial):
+                if init is None:
+                    s.fill(0)
+                else:
+                    np.copyto(s, self._state_view(init, d))
+            rt = r[d].T
+            extra = self.direction(inputs, d)
+            steps = range(seq - 1, -1, -1) if self.backward[d] else range(seq)
+            for t in steps:
+                new = self.cell(d, proj[t], states, rt, extra, scratch)
+                mask = None if masks is None else masks[t]
+                for s, n in zip(states, new):
+                    np.copyto(s, n, where=True if mask is None else mask)
+                if y is not None:
+                    dst = y[:, t, d] if self.layout else y[t, d]
+                    if mask is None:
+                        np.copyto(dst, states[0])
+                    else:
+                        np.multiply(states[0], mask, out=dst)
+            for s, out in zip(states, outputs[1:]):
+                if out is not None:
+                    np.copyto(self._state_view(out, d), s)
+
+
+@register("RNN", since=7)
+class RNN(_Recurrent):
+    """Ht = f(Xt W^T + Ht-1 R^T + Wb + Rb)."""
+
+    gates = 1
+    default_activations = ("Tanh",)
+    scratch = (1,)
+
+    def cell(self, d, xp, states, rt, extra, scratch):
+        (pre,) = scratch
+        np.matmul(states[0], rt, out=pre)
+        np.add(pre, xp, out=pre)
+        self.acts[d][0](self.bounded(pre))
+        return (pre,)
+
+
+@register("GRU", since=7)
+class GRU(_Recurrent):
+    """Gates z, r and candidate h; linear_before_reset applies r after the recurrence product.
+
+    Spec: ht = g(Xt Wh^T + (rt (.) Ht-1) Rh^T + Rbh + Wbh) by default, and
+    ht = g(Xt Wh^T + (rt (.) (Ht-1 Rh^T + Rbh)) + Wbh) when linear_before_reset != 0;
+    Ht = (1 - zt) (.) ht + zt (.) Ht-1.
+    """
+
+    gates = 3
+    default_activations = ("Sigmoid", "Tanh")
+    scratch = (2, 1, 1)
+
+    def input_bias(self, b):
+        h = self.hidden
+        bias = b[:3 * h].copy()
+        bias[:2 * h] += b[3 * h:5 * h]
+        if not self.ctx.attr("linear_before_reset", 0):
+            bias[2 * h:] += b[5 * h:]
+        return bias
+
+    def direction(self, inputs, d):
+        b = inputs[3]
+        lbr = bool(self.ctx.attr("linear_before_reset", 0))
+        return (lbr, b[d, 5 * self.hidden:] if lbr and b is not None else None)
+
+    def cell(self, d, xp, states, rt, extra, scratch):
+        lbr, rbh = extra
+        h = self.hidden
+        zr, cand, tmp = scratch
+        prev = states[0]
+        np.matmul(prev, rt[:, :2 * h], out=zr)
+        np.add(zr, xp[:, :2 * h], out=zr)
+        f, g = self.acts[d]
+        f(self.bounded(zr))
+        z, reset = zr[:, :h], zr[:, h:]
+        if lbr:
+            np.matmul(prev, rt[:, 2 * h:], out=cand)
+            if rbh is not None:
+                np.add(cand, rbh, out=cand)
+            np.multiply(cand, reset, out=cand)
+        else:
+            np.multiply(reset, prev, out=tmp)
+            np.matmul(tmp, rt[:, 2 * h:], out=cand)
+        np.add(cand, xp[:, 2 * h:], out=cand)
+        g(self.bounded(cand))
+        np.multiply(z, prev, out=tmp)
+        np.subtract(1, z, out=z)
+        np.multiply(z, cand, out=z)
+        np.add(z, tmp, out=z)
+        return (z,)
+
+
+@register("LSTM", since=7)
+class LSTM(_Recurrent):
+    """Gates i, o, f and cell c with optional peepholes P[iof]; input_forget couples f = 1 - i.
+
+    Spec: it = f(Xt Wi^T + Ht-1 Ri^T + Pi (.) Ct-1 + Wbi + Rbi), ft likewise with Pf,
+    ct = g(Xt Wc^T + Ht-1 Rc^T + Wbc + Rbc), Ct = ft (.) Ct-1 + it (.) ct,
+    ot = f(Xt Wo^T + Ht-1 Ro^T + Po (.) Ct + Wbo + Rbo), Ht = ot (.) h(Ct).
+    The clip bounds the inputs of f and g (the gates), not the cell state.
+    """
+
+    gates = 4
+    default_activations = ("Sigmoid", "Tanh", "Tanh")
+    states = 2
+    scratch = (4, 1, 1)
+
+    def direction(self, inputs, d):
+        p = inputs[7]
+        h = self.hidden
+        return None if p is None else (p[d, :h], p[d, h:2 * h], p[d, 2 * h:])
+
+    def cell(self, d, xp, states, rt, extra, scratch):
+        h = self.hidden
+        gates, cell, tmp = scratch
+        prev_h, prev_c = states
+        np.matmul(prev_h, rt, out=gates)
+        np.add(gates, xp, out=gates)
+        i, o, f, c = gates[:, :h], gates[:, h:2 * h], gates[:, 2 * h:3 * h], gates[:, 3 * h:]
+        act_f, act_g, act_h = self.acts[d]
+        if extra is not None:
+            p_i, p_o, p_f = extra
+            np.add(i, np.multiply(p_i, prev_c, out=tmp), out=i)
+            np.add(f, np.multiply(p_f, prev_c, out=tmp), out=f)
+        act_f(self.bounded(i))
+        if self.ctx.attr("input_forget", 0):
+            np.subtract(1, i, out=f)
+        else:
+            act_f(self.bounded(f))
+        act_g(self.bounded(c))
+        np.multiply(f, prev_c, out=cell)
+        np.add(cell, np.multiply(i, c, out=tmp), out=cell)
+        if extra is not None:
+            np.add(o, np.multiply(p_o, cell, out=tmp), out=o)
+        act_f(self.bounded(o))
+        np.copyto(tmp, cell)
+        act_h(tmp)
+        np.multiply(tmp, o, out=tmp)
+        return tmp, cell

@@ -1,0 +1,182 @@
+"""RNN, GRU and LSTM against onnx.reference, and against onnxruntime for what the reference ignores
+(sequence_lens, activations and their alpha/beta, clip, input_forget)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import helper
+
+import omrt.kernels.recurrent  # noqa: F401  (registers the family before the library lists it)
+from omrt.errors import ShapeError
+from omrt.kernels import OpContext, TensorInfo, lookup
+from tests.kernel_check import check, run_kernel
+
+rng = np.random.default_rng(0)
+
+GATES = {"RNN": 1, "GRU": 3, "LSTM": 4}
+
+
+def make_inputs(op, seq=4, batch=3, inp=5, hidden=4, dirs=1, layout=0, bias=True, initial=True,
+                peepholes=False, lens=None, dtype=np.float32):
+    """X, W, R, B, sequence_lens, initial_h (, initial_c, P) for an op, absent ones as None."""
+    g = GATES[op]
+    x_shape = (batch, seq, inp) if layout else (seq, batch, inp)
+    state = (batch, dirs, hidden) if layout else (dirs, batch, hidden)
+    ins = [rng.standard_normal(x_shape), rng.standard_normal((dirs, g * hidden, inp)) * 0.5,
+           rng.standard_normal((dirs, g * hidden, hidden)) * 0.5,
+           rng.standard_normal((dirs, 2 * g * hidden)) * 0.3 if bias else None,
+           None if lens is None else np.array(lens, np.int32),
+           rng.standard_normal(state) if initial else None]
+    if op == "LSTM":
+        ins += [rng.standard_normal(state) if initial else None,
+                rng.standard_normal((dirs, 3 * hidden)) * 0.5 if peepholes else None]
+    ins = [a if a is None or a.dtype.kind == "i" else a.astype(dtype) for a in ins]
+    while ins[-1] is None:
+        ins.pop()
+    return ins
+
+
+def attrs_for(direction, hidden=4, **extra):
+    return {"direction": direction, "hidden_size": hidden, **extra}
+
+
+def n_out(op):
+    return 3 if op == "LSTM" else 2
+
+
+def ort_run(op, inputs, attrs, opset=14):
+    """onnxruntime's outputs for one recurrent node."""
+    ort = pytest.importorskip("onnxruntime")
+    names = [f"x{i}" if x is not None else "" for i, x in enumerate(inputs)]
+    outs = [f"y{i}" for i in range(n_out(op))]
+    node = helper.make_node(op, names, outs, **attrs)
+    g_in = [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(x.dtype), x.shape)
+            for n, x in zip(names, inputs) if x is not None]
+    g_out = [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(inputs[0].dtype), None)
+             for n in outs]
+    model = helper.make_model(helper.make_graph([node], "g", g_in, g_out),
+                              opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 8
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return sess.run(None, {n: x for n, x in zip(names, inputs) if x is not None})
+
+
+def compare_ort(op, inputs, attrs, rtol=1e-4, atol=1e-5):
+    got = run_kernel(op, inputs, attrs, opset=14)
+    want = ort_run(op, inputs, attrs)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=rtol, atol=atol, err_msg=op)
+    return got
+
+
+@pytest.mark.parametrize("op", ["RNN", "GRU", "LSTM"])
+@pytest.mark.parametrize("direction", ["forward", "reverse", "bidirectional"])
+@pytest.mark.parametrize("layout", [0, 1])
+def test_directions_and_layouts(op, direction, layout):
+    dirs = 2 if direction == "bidirectional" else 1
+    ins = make_inputs(op, dirs=dirs, layout=layout)
+    check(op, ins, attrs_for(direction, layout=layout), opset=14, n_outputs=n_out(op), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("op", ["RNN", "GRU", "LSTM"])
+def test_defaults_without_bias_and_initial_state_opset7(op):
+    ins = make_inputs(op, bias=False, initial=False)
+    check(op, ins, attrs_for("forward"), opset=7, n_outputs=n_out(op), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("op", ["RNN", "GRU", "LSTM"])
+def test_float64_and_single_step(op):
+    ins = make_inputs(op, seq=1, batch=1, dtype=np.float64)
+    check(op, ins, attrs_for("forward"), n_outputs=n_out(op), rtol=1e-10, atol=1e-12)
+
+
+def test_gru_linear_before_reset():
+    for direction, dirs in (("forward", 1), ("bidirectional", 2)):
+        ins = make_inputs("GRU", dirs=dirs)
+        check("GRU", ins, attrs_for(direction, linear_before_reset=1), n_outputs=2, rtol=1e-4, atol=1e-5)
+
+
+def test_lstm_peepholes():
+    ins = make_inputs("LSTM", dirs=2, peepholes=True)
+    check("LSTM", ins, attrs_for("bidirectional"), n_outputs=3, rtol=1e-4, atol=1e-5)
+
+
+def test_empty_sequence_keeps_initial_state():
+    ins = make_inputs("LSTM", seq=0)
+    y, yh, yc = run_kernel("LSTM", ins, attrs_for("forward"))
+    assert y.shape == (0, 1, 3, 4)
+    np.testing.assert_array_equal(yh, ins[5])
+    np.testing.assert_array_equal(yc, ins[6])
+
+
+@pytest.mark.parametrize("op", ["RNN", "GRU", "LSTM"])
+@pytest.mark.parametrize("direction", ["forward", "reverse", "bidirectional"])
+def test_sequence_lens(op, direction):
+    dirs = 2 if direction == "bidirectional" else 1
+    ins = make_inputs(op, seq=5, batch=4, dirs=dirs, lens=[5, 2, 1, 3])
+    y = compare_ort(op, ins, attrs_for(direction))[0]
+    assert not y[2:, :, 1].any() and not y[1:, :, 2].any()
+
+
+@pytest.mark.parametrize("op,activations,alpha,beta", [
+    ("RNN", ["Relu"], None, None),
+    ("RNN", ["LeakyRelu"], [0.2], None),
+    ("RNN", ["ThresholdedRelu"], [0.3], None),
+    ("RNN", ["Affine"], [0.5], [0.1]),
+    ("RNN", ["Softsign"], None, None),
+    ("RNN", ["Softplus"], None, None),
+    ("RNN", ["Elu"], [0.7], None),
+    ("RNN", ["Sigmoid"], None, None),
+    ("GRU", ["HardSigmoid", "ScaledTanh"], [0.3, 1.5], [0.4, 0.8]),
+    ("GRU", ["Sigmoid", "Relu"], None, None),
+    ("LSTM", ["HardSigmoid", "Tanh", "Softsign"], [0.25], [0.45]),
+    ("LSTM", ["Sigmoid", "Elu", "LeakyRelu"], [0.9, 0.05], None),
+])
+def test_activations(op, activations, alpha, beta):
+    attrs = attrs_for("forward", activations=activations)
+    if alpha:
+        attrs["activation_alpha"] = alpha
+    if beta:
+        attrs["activation_beta"] = beta
+    compare_ort(op, make_inputs(op), attrs)
+
+
+def test_bidirectional_activations_per_direction():
+    attrs = attrs_for("bidirectional", activations=["Sigmoid", "Tanh", "Sigmoid", "Relu"])
+    compare_ort("GRU", make_inputs("GRU", dirs=2), attrs)
+
+
+@pytest.mark.parametrize("op", ["RNN", "GRU", "LSTM"])
+def test_clip(op):
+    ins = make_inputs(op, dirs=2)
+    ins[0] = ins[0] * 10
+    compare_ort(op, ins, attrs_for("bidirectional", clip=0.5))
+
+
+def test_lstm_input_forget_with_peepholes():
+    compare_ort("LSTM", make_inputs("LSTM", peepholes=True), attrs_for("forward", input_forget=1))
+
+
+def test_optional_outputs_may_be_missing():
+    ins = make_inputs("LSTM")
+    full = run_kernel("LSTM", ins, attrs_for("forward"))
+    kernel_cls = lookup("LSTM", 14)
+    ctx = OpContext(attrs_for("forward"), 14, "test", "LSTM")
+    infos = [None if a is None else TensorInfo(a.dtype, a.shape) for a in ins]
+    outs = kernel_cls.infer(ctx, infos)
+    kernel = kernel_cls(ctx, infos, outs)
+    ws = np.empty(kernel.workspace(), np.uint8)
+    yh = np.empty(outs[1].shape, outs[1].dtype)
+    kernel.run(ins, [None, yh], ws)
+    np.testing.assert_array_equal(yh, full[1])
+
+
+def test_errors():
+    ins = make_inputs("GRU", dirs=1)
+    with pytest.raises(ShapeError, match="directions"):
+        run_kernel("GRU", ins, attrs_for("bidirectional"))
+    with pytest.raises(ShapeError, match="activation"):
+        run_kernel("RNN", make_inputs("RNN"), attrs_for("forward", activations=["Gelu"]))
+    with pytest.raises(ShapeError, match="rows"):
+        run_kernel("LSTM", make_inputs("LSTM"), attrs_for("forward", hidden=5))
