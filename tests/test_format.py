@@ -1,0 +1,138 @@
+"""The .om container: round trip, atomic writes, and clear errors for damaged or foreign files."""
+
+from __future__ import annotations
+
+import os
+import struct
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+from onnx import TensorProto, helper
+
+import omrt
+from omrt.format import HEADER, MAGIC, Part
+from conftest import mlp_model
+
+
+@pytest.fixture(scope="module")
+def om_bytes(tmp_path_factory) -> bytes:
+    path = tmp_path_factory.mktemp("fmt") / "m.om"
+    omrt.compile(mlp_model(4), str(path))
+    return path.read_bytes()
+
+
+def _write(tmp_path, data: bytes) -> str:
+    p = tmp_path / "x.om"
+    p.write_bytes(data)
+    return str(p)
+
+
+def test_weights_are_mapped_not_copied(tmp_path, om_bytes):
+    model = omrt.load(_write(tmp_path, om_bytes))
+    w = model.graph.constants["W1"]
+    assert not w.flags.writeable and not w.flags.owndata
+    base = w
+    while isinstance(base, np.ndarray) and base.base is not None:
+        base = base.base
+    assert not isinstance(base, np.ndarray)  # the buffer is the file mapping, not a numpy copy
+    f = model._file.entry(Part.WEIGHTS)
+    addr = np.frombuffer(model._file.map, np.uint8, 1, f.offset).ctypes.data
+    assert (w.ctypes.data - addr) % 64 == 0
+
+
+def test_header_layout(om_bytes):
+    magic, major, minor, flags, count, table_at, size = HEADER.unpack_from(om_bytes, 0)
+    assert (magic, major, count, table_at, size) == (MAGIC, 1, 5, 64, len(om_bytes))
+
+
+@pytest.mark.parametrize("cut", [0, 10, 63, 64, 100, 4096, -1])
+def test_truncated_file_is_refused(tmp_path, om_bytes, cut):
+    data = om_bytes[:cut] if cut >= 0 else om_bytes[:-1]
+    with pytest.raises(omrt.FormatError, match=r"truncated"):
+        omrt.load(_write(tmp_path, data))
+
+
+def test_foreign_and_future_files_are_refused(tmp_path, om_bytes):
+    with pytest.raises(omrt.FormatError, match=r"is not an omrt model \(bad magic"):
+        omrt.load(_write(tmp_path, b"\x89PNG" + om_bytes[4:]))
+    future = bytearray(om_bytes)
+    struct.pack_into("<H", future, 8, 2)
+    with pytest.raises(omrt.FormatError, match=r"has format version 2\.0; this omrt reads 1\.x"):
+        omrt.load(_write(tmp_path, bytes(future)))
+    with pytest.raises(omrt.FormatError, match=r"does not exist"):
+        omrt.load(str(tmp_path / "missing.om"))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(pos=st.integers(min_value=0), value=st.integers(min_value=0, max_value=255))
+def test_any_corrupted_byte_gives_a_clear_error_or_a_checked_model(tmp_path, om_bytes, pos, value):
+    """Flip one byte anywhere: loading raises FormatError, or (weights, padding) loads and runs."""
+    data = bytearray(om_bytes)
+    pos %= len(data)
+    if data[pos] == value:
+        return
+    data[pos] = value
+    path = _write(tmp_path, bytes(data))
+    try:
+        model = omrt.load(path)
+    except omrt.FormatError:
+        return
+    model.session().run({"x": np.zeros((4, 64), np.float32)})
+    weights = model._file.entry(Part.WEIGHTS)
+    if weights.offset <= pos < weights.offset + weights.size:
+        with pytest.raises(omrt.FormatError, match="the WEIGHTS partition does not match its digest"):
+            omrt.load(path, verify=True)
+
+
+def test_failed_compile_leaves_nothing_behind(tmp_path):
+    node = helper.make_node("NoSuchOp", ["x"], ["y"])
+    g = helper.make_graph([node], "bad", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    out = tmp_path / "bad.om"
+    with pytest.raises(omrt.UnsupportedOpError,
+                       match=r"no kernel in omrt for NoSuchOp at opset 17 \(node 'NoSuchOp_0'\)"):
+        omrt.compile(m, str(out))
+    assert os.listdir(tmp_path) == []
+
+
+def test_interrupted_write_keeps_the_old_file(tmp_path, monkeypatch):
+    out = tmp_path / "m.om"
+    omrt.compile(mlp_model(4), str(out))
+    before = out.read_bytes()
+    import omrt.compiler as compiler
+
+    def boom(graph, layout):
+        def produce(sink):
+            sink(b"partial")
+            raise KeyboardInterrupt
+        return produce
+
+    monkeypatch.setattr(compiler, "_weights_writer", boom)
+    with pytest.raises(KeyboardInterrupt):
+        omrt.compile(mlp_model(4), str(out))
+    assert out.read_bytes() == before
+    assert os.listdir(tmp_path) == ["m.om"]
+
+
+def test_runtime_needs_no_onnx(tmp_path, om_bytes):
+    """Load and run with `onnx` made unimportable: the runtime reaches only numpy and the stdlib."""
+    path = _write(tmp_path, om_bytes)
+    code = (
+        "import sys\n"
+        "class Block:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] in ('onnx', 'onnxruntime'):\n"
+        "            raise ImportError('blocked: ' + name)\n"
+        "sys.meta_path.insert(0, Block())\n"
+        "import numpy as np, omrt\n"
+        f"m = omrt.load({path!r})\n"
+        "y = m.session().run({'x': np.ones((4, 64), np.float32)})['y']\n"
+        "assert not any(k.split('.')[0] in ('onnx', 'onnxruntime') for k in sys.modules)\n"
+        "print(y.shape)\n")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "(4, 10)"
