@@ -85,6 +85,12 @@ def test_matmul_bad_shapes(a, b):
         run_kernel("MatMul", [rand(a), rand(b)])
 
 
+@pytest.mark.parametrize("op, attrs", [("MatMul", {}), ("Gemm", {}), ("Einsum", {"equation": "ij,jk"})])
+def test_mixed_dtypes_rejected(op, attrs):
+    with pytest.raises(ShapeError, match="Cast"):
+        run_kernel(op, [rand((2, 3)), rand((3, 4), np.float64)], attrs)
+
+
 # ----------------------------------------------------------------------------- FusedMatMul
 
 @pytest.mark.parametrize("a, b, bias", [((3, 4), (4, 5), (5,)), ((2, 3, 4), (4, 5), (5,)),

@@ -34,8 +34,17 @@ def _wide_views(workspace: np.ndarray, shapes: Sequence[Shape]) -> list[np.ndarr
 
 
 def _same(a: object, b: object) -> bool:
-    """Two dims that cannot be told apart as different (unknown dims agree with anything)."""
-    return a is None or b is None or a == b or not (isinstance(a, int) and isinstance(b, int))
+    """False only for two known sizes that differ: symbolic and unknown dims may match anything."""
+    return not (isinstance(a, int) and isinstance(b, int) and a != b)
+
+
+def _same_dtype(infos: Sequence[TensorInfo], op: str, name: str) -> np.dtype:
+    """The one dtype all operands share, or a ShapeError (ONNX never promotes types)."""
+    dtypes = {x.dtype for x in infos}
+    if len(dtypes) > 1:
+        raise ShapeError(f"{name}: {op} operands have dtypes {sorted(str(d) for d in dtypes)}; "
+                         f"insert a Cast so that they match")
+    return infos[0].dtype
 
 
 def matmul_shape(a: Shape, b: Shape, name: str) -> Shape:
@@ -57,8 +66,8 @@ class _Product:
     """A @ B into `out`, planned once for the shapes at hand.
 
     When B is a matrix or a vector, A's batch dims are folded into its rows so one BLAS call
-    does the whole product; float16 operands are multiplied in float32 inside the workspace, because numpy has
-    no BLAS path for float16.
+    does the whole product; float16 and bfloat16 operands are multiplied in float32 inside
+    the workspace.
     """
 
     def __init__(self, a: Shape, b: Shape, out: Shape, dtype: np.dtype) -> None:
@@ -93,7 +102,8 @@ class MatMulBase(Kernel):
     @classmethod
     def infer(cls, ctx: OpContext, inputs: Sequence[TensorInfo | None]) -> list[TensorInfo]:
         a, b = inputs[0], inputs[1]
-        return [TensorInfo(a.dtype, matmul_shape(a.shape, b.shape, ctx.name))]
+        dtype = _same_dtype([a, b], ctx.op_type, ctx.name)
+        return [TensorInfo(dtype, matmul_shape(a.shape, b.shape, ctx.name))]
 
     def __init__(self, ctx: OpContext, inputs: Sequence[TensorInfo | None],
                  outputs: Sequence[TensorInfo]) -> None:
@@ -165,7 +175,8 @@ class Gemm(Kernel):
                 d == 1 or _same(d, y) for d, y in zip(c.shape[::-1], (n, m)))):
             raise ShapeError(f"{ctx.name}: Gemm C {c.shape} does not broadcast to Y ({m}, {n}); "
                              f"C must be scalar, (N,), (1, N), (M, 1) or (M, N)")
-        return [TensorInfo(a.dtype, (m, n))]
+        return [TensorInfo(_same_dtype([x for x in (a, b, c) if x is not None], "Gemm", ctx.name),
+                           (m, n))]
 
     def __init__(self, ctx: OpContext, inputs: Sequence[TensorInfo | None],
                  outputs: Sequence[TensorInfo]) -> None:
@@ -178,8 +189,10 @@ class Gemm(Kernel):
         self.product = _Product(a[::-1] if self.trans_a else a, b[::-1] if self.trans_b else b,
                                 outputs[0].shape, outputs[0].dtype)
         c = inputs[2] if len(inputs) > 2 else None
-        self.has_c = c is not None and self.beta != 0 and c.nbytes > 0
-        self.c_small = c is not None and c.static and np.prod(c.shape) < np.prod(outputs[0].shape)
+        self.has_c = c is not None and self.beta != 0
+        # beta * C as a temporary when that is cheap (C smaller than Y) or exactness needs it.
+        self.scale_c = self.has_c and self.beta != 1 and (
+            numel(c.shape) < numel(outputs[0].shape) or outputs[0].dtype.kind in "iu")
 
     def workspace(self) -> int:
         return self.product.nbytes
@@ -190,11 +203,12 @@ class Gemm(Kernel):
         alpha, beta = self.alpha, self.beta
         if self.has_c:
             c = inputs[2]
-            if beta == 1 or self.c_small:
+            if beta == 1 or self.scale_c:
                 if alpha != 1:
                     np.multiply(out, alpha, out=out, casting="unsafe")
-                np.add(out, c if beta == 1 else np.multiply(c, beta, dtype=out.dtype, casting="unsafe"),
-                       out=out, casting="unsafe")
+                if self.scale_c:
+                    c = np.multiply(c, beta)
+                np.add(out, c, out=out, casting="unsafe")
             else:
                 # Y = beta * (alpha/beta * AB + C): no temporary the size of Y.
                 np.multiply(out, alpha / beta, out=out, casting="unsafe")
@@ -251,7 +265,7 @@ class Einsum(Kernel):
             raise ShapeError(f"{ctx.name}: Einsum output names {unknown} that no input has; "
                              f"fix the equation")
         sizes = {c: broadcast_shapes(*d, name=ctx.name)[0] for c, d in dims.items()}
-        return [TensorInfo(inputs[0].dtype, tuple(sizes[c] for c in out))]
+        return [TensorInfo(_same_dtype(inputs, "Einsum", ctx.name), tuple(sizes[c] for c in out))]
 
     def __init__(self, ctx: OpContext, inputs: Sequence[TensorInfo | None],
                  outputs: Sequence[TensorInfo]) -> None:

@@ -1,4 +1,4 @@
-"""Reduction kernels: ReduceXxx, ArgMax/ArgMin, TopK, CumSum/CumProd and the Softmax family."""
+"""Reduction kernels: ReduceXxx, ArgMax/ArgMin, TopK, CumSum/CumProd, the Softmax family, NLL losses."""
 
 from __future__ import annotations
 
@@ -13,6 +13,13 @@ from .base import Kernel, OpContext, Shape, TensorInfo, normalize_axis, numel, r
 def _axes_tuple(values: Any, rank: int, name: str) -> tuple[int, ...]:
     """Axes (a list or an int array) made non-negative, sorted and unique."""
     return tuple(sorted({normalize_axis(int(a), rank, name) for a in np.ravel(values)}))
+
+
+def _reduce_axes(values: Any, noop: bool, rank: int, name: str) -> tuple[int, ...]:
+    """The axes a ReduceXxx op reduces: all of them when none are given, unless `noop`."""
+    if np.size(values) == 0:
+        return () if noop else tuple(range(rank))
+    return _axes_tuple(values, rank, name)
 
 
 def _scratch(x: np.ndarray, workspace: np.ndarray | None) -> np.ndarray:
@@ -58,9 +65,7 @@ class Reduce(Kernel):
             noop = bool(ctx.attr("noop_with_empty_axes", 0))
         else:
             values, noop = ctx.attr("axes", []), False
-        if np.size(values) == 0:
-            return () if noop else tuple(range(rank))
-        return _axes_tuple(values, rank, ctx.name)
+        return _reduce_axes(values, noop, rank, ctx.name)
 
     @classmethod
     def infer(cls, ctx: OpContext, inputs: Sequence[TensorInfo | None]) -> list[TensorInfo]:
@@ -91,15 +96,11 @@ class Reduce(Kernel):
         x = inputs[0]
         axes, keep_shape = self.axes, self.keep_shape
         if axes is None:
-            axes = self._runtime_axes(inputs[1])
+            axes = _reduce_axes(inputs[1], bool(self.ctx.attr("noop_with_empty_axes", 0)),
+                                self.rank, self.ctx.name)
             keep_shape = _reduced_shape(x.shape, axes, True)
         with np.errstate(divide="ignore", invalid="ignore"):
             self.reduce(x, axes, outputs[0].reshape(keep_shape), workspace)
-
-    def _runtime_axes(self, given: np.ndarray) -> tuple[int, ...]:
-        if given.size:
-            return _axes_tuple(given, self.rank, self.ctx.name)
-        return () if self.ctx.attr("noop_with_empty_axes", 0) else tuple(range(self.rank))
 
     def reduce(self, x: np.ndarray, axes: tuple[int, ...], out: np.ndarray,
                workspace: np.ndarray | None) -> None:
