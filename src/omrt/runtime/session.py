@@ -123,6 +123,13 @@ class Session:
             lst[pos] = buf.reshape(shape)
         self._target[name] = buf
 
+    def _value(self, name: str) -> np.ndarray:
+        """The array holding value `name` now (arena, weights, or an I/O tensor's current buffer)."""
+        pl = self._prep.program.places[name]
+        if pl.region in (INPUT, OUTPUT):
+            return self._target[pl.key].reshape(self._prep.program.shapes[name])
+        return self._arrays[name]
+
     def _fallback(self, name: str) -> np.ndarray:
         """The planned fallback block for I/O tensor `name` (allocated on first need)."""
         p = self._prep.program
@@ -247,9 +254,7 @@ class Session:
             np.copyto(bound, self._target[name])
             self.stats.count(f"output {name}: {self._misfit(name, bound)}", bound.nbytes)
         for name, reason in program.copy_only.items():
-            src = self._arrays.get(name)
-            if src is None:
-                src = dyn[name]
+            src = dyn[name] if name in dyn else self._value(name)
             if results[name] is None:
                 results[name] = np.array(src, copy=True)
             else:

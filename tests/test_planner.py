@@ -1,0 +1,114 @@
+"""The planner and its verifier: invariants on random lifetimes, and plans of real graphs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+from onnx import TensorProto, helper, numpy_helper
+
+import omrt
+from omrt.lower import INPUT, OUTPUT, PlanError, verify
+from omrt.planner import ALIGN, Block, lower_bound, naive_size, overlaps, picture, place
+
+blocks_strategy = st.lists(
+    st.tuples(st.integers(1, 5000), st.integers(0, 30), st.integers(0, 10)), min_size=1, max_size=40)
+
+
+@settings(max_examples=200, deadline=None)
+@given(blocks_strategy)
+def test_placement_never_overlaps_and_respects_bounds(spec):
+    blocks = [Block(f"b{i}", size, first, first + span) for i, (size, first, span) in enumerate(spec)]
+    arena = place(blocks)
+    assert not overlaps(blocks)
+    assert all(b.offset % ALIGN == 0 and b.size % ALIGN == 0 for b in blocks)
+    assert all(0 <= b.offset and b.offset + b.size <= arena for b in blocks)
+    assert lower_bound(blocks) <= arena <= naive_size(blocks)
+
+
+def test_disjoint_lifetimes_share_memory():
+    blocks = [Block("a", 1000, 0, 1), Block("b", 1000, 2, 3), Block("c", 500, 1, 2)]
+    arena = place(blocks)
+    assert arena == lower_bound(blocks) == 1024 + 512
+    assert blocks[0].offset == blocks[1].offset
+    assert "A" in picture(blocks, arena, 4)
+
+
+def _graph(nodes, inputs, outputs, inits=()):
+    g = helper.make_graph(nodes, "g", inputs, outputs, list(inits))
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _vi(name, shape=(2, 3)):
+    return helper.make_tensor_value_info(name, TensorProto.FLOAT, list(shape))
+
+
+def test_copy_only_outputs_carry_their_reason(tmp_path):
+    c = numpy_helper.from_array(np.ones((2, 3), np.float32), "c")
+    m = _graph([helper.make_node("Identity", ["x"], ["same"]),
+                helper.make_node("Relu", ["x"], ["r"]),
+                helper.make_node("Reshape", ["r", "shape"], ["r2"]),
+                helper.make_node("Identity", ["c"], ["const"])],
+               [_vi("x")], [_vi("same"), _vi("r"), _vi("r2"), _vi("const")],
+               [c, numpy_helper.from_array(np.array([2, 3], np.int64), "shape")])
+    path = str(tmp_path / "c.om")
+    omrt.compile(m, path)
+    model = omrt.load(path)
+    p = model.default.program
+    assert p.copy_only == {"same": "it is a view of graph input 'x'",
+                           "r2": "it shares memory with output 'r'",
+                           "const": "it is a constant folded at compile time"}
+    sess = model.session()
+    x = np.arange(-3, 3, dtype=np.float32).reshape(2, 3)
+    out = sess.run({"x": x})
+    np.testing.assert_array_equal(out["same"], x)
+    assert not np.shares_memory(out["same"], x)
+    np.testing.assert_array_equal(out["r2"], np.maximum(x, 0))
+    np.testing.assert_array_equal(out["const"], 1)
+    assert sess.stats.bytes_copied == 3 * x.nbytes
+    strict = model.session(zero_copy="always")
+    with pytest.raises(omrt.BindError, match=r"tensor 'same' cannot be used without a copy: the output must "
+                                             r"be copied: it is a view of graph input 'x'"):
+        strict.bind("same", np.empty((2, 3), np.float32))
+
+
+def test_outputs_are_planned_into_the_callers_buffer_and_inputs_never_written(tmp_path):
+    m = _graph([helper.make_node("Relu", ["x"], ["a"]), helper.make_node("Neg", ["a"], ["b"]),
+                helper.make_node("Abs", ["b"], ["y"])], [_vi("x")], [_vi("y")])
+    path = str(tmp_path / "chain.om")
+    omrt.compile(m, path)
+    model = omrt.load(path)
+    p = model.default.program
+    assert p.places["y"].region == OUTPUT and p.places["x"].region == INPUT
+    # the in-place chain a -> b -> y runs in the output buffer; x is read-only for the plan
+    assert {p.places[v].region for v in ("a", "b")} == {OUTPUT}
+    verify(p, model.default.graph)
+    x = np.arange(-3, 3, dtype=np.float32).reshape(2, 3)
+    x.flags.writeable = False
+    y = np.empty((2, 3), np.float32)
+    sess = model.session(zero_copy="always")
+    sess.bind("x", x)
+    sess.bind("y", y)
+    sess.run()
+    np.testing.assert_array_equal(y, np.maximum(x, 0))
+
+
+def test_verifier_catches_broken_plans(tmp_path):
+    m = _graph([helper.make_node("Relu", ["x"], ["a"]), helper.make_node("Exp", ["x"], ["b"]),
+                helper.make_node("Add", ["a", "b"], ["s"]), helper.make_node("Transpose", ["s"], ["y"])],
+               [_vi("x")], [_vi("y", (3, 2))])
+    path = str(tmp_path / "v.om")
+    omrt.compile(m, path)
+    prep = omrt.load(path).default
+    p, g = prep.program, prep.graph
+    verify(p, g)
+    a, b = (next(bl for bl in p.blocks if bl.label == v) for v in ("a", "b"))
+    b.offset = a.offset
+    with pytest.raises(PlanError, match=r"blocks '.' and '.' are live at once and share bytes"):
+        verify(p, g)
+    b.offset = p.arena_size
+    with pytest.raises(PlanError, match=r"lies outside the arena"):
+        verify(p, g)
+    b.offset = 8
+    with pytest.raises(PlanError, match=r"is not 64-byte aligned"):
+        verify(p, g)
