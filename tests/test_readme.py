@@ -1,0 +1,58 @@
+"""The README's Python example and CLI commands run as written."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+README = open(os.path.join(ROOT, "README.md")).read()
+
+
+def test_python_example_runs(tmp_path, monkeypatch):
+    code = re.search(r"```python\n(.*?)```", README, re.S).group(1)
+    monkeypatch.chdir(tmp_path)
+    exec(compile(code, "README.md", "exec"), {})
+    assert (tmp_path / "squeezenet.om").exists()
+
+
+def _omrt(*args: str, cwd) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "omrt.cli", *args], capture_output=True, text=True, cwd=cwd)
+
+
+def test_cli_compile_run_inspect(tmp_path):
+    from omrt.demo import light_model
+
+    src = light_model("squeezenet")[0]
+    res = _omrt("compile", src, "sq.om", "--shape", "data_0=1x3x224x224", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert "arena" in res.stdout and "x1.000" in res.stdout
+    res = _omrt("run", "sq.om", "--repeat", "2", "--output-dir", "out", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert "output 'softmaxout_1': float32 [1, 1000, 1, 1]" in res.stdout
+    assert (tmp_path / "out" / "softmaxout_1.npy").exists()
+    res = _omrt("inspect", "sq.om", "--plan", "--plot", "plan.svg", "--verify", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    for part in ("MODEL_DEF", "WEIGHTS", "KERNELS", "PLANS", "ENV", "lower bound", "weights digest: ok"):
+        assert part in res.stdout
+    assert (tmp_path / "plan.svg").read_text().startswith("<svg")
+
+
+def test_cli_errors_are_one_clear_line(tmp_path):
+    res = _omrt("run", "missing.om", cwd=tmp_path)
+    assert res.returncode == 2
+    assert res.stderr.strip() == "omrt: error: model file 'missing.om' does not exist"
+    res = _omrt("compile", "x.onnx", "y.om", "--shape", "oops", cwd=tmp_path)
+    assert res.returncode == 2 and "expected NAME=D1xD2x..." in res.stderr
+
+
+def test_demo_reports_a_match():
+    res = subprocess.run([sys.executable, "-m", "omrt.cli", "demo", "--repeat", "2"], capture_output=True,
+                         text=True)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "matches the expected output: yes" in res.stdout
+    assert "bytes copied per run: 0" in res.stdout
