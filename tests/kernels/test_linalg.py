@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.kernel_check import check, run_kernel
+from tests.kernel_check import check, reference, run_kernel
 from omrt.errors import ShapeError
 
 rng = np.random.default_rng(0)
@@ -213,3 +213,17 @@ def test_det(shape, dtype):
 def test_det_not_square():
     with pytest.raises(ShapeError, match="square"):
         run_kernel("Det", [rand((3, 4))])
+
+
+@pytest.mark.parametrize("op, shapes, attrs", [
+    ("MatMul", [(2, 3, 8), (8, 4)], {}),
+    ("Gemm", [(3, 8), (4, 8), (4,)], {"transB": 1}),
+    ("Einsum", [(3, 8), (8, 4)], {"equation": "ij,jk->ik"}),
+])
+def test_bfloat16_widened(op, shapes, attrs):
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    inputs = [rand(s).astype(ml_dtypes.bfloat16) for s in shapes]
+    got = run_kernel(op, inputs, attrs)[0]
+    want = reference(op, inputs, attrs)[0]
+    assert got.dtype == want.dtype
+    np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32), rtol=2e-2, atol=5e-2)

@@ -324,3 +324,16 @@ def test_softmax_cross_entropy_without_log_prob_uses_workspace():
 def test_loss_bad_shapes():
     with pytest.raises(ShapeError, match="one rank lower"):
         run_kernel("NegativeLogLikelihoodLoss", [rand((4, 3)), np.zeros((4, 1), np.int64)])
+
+
+@pytest.mark.parametrize("op", [*REDUCE_OPS, *SOFTMAX_OPS, "ArgMax", "TopK", "CumSum"])
+def test_bfloat16(op):
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    x = rand((3, 4, 5), positive=op in POSITIVE_ONLY).astype(ml_dtypes.bfloat16)
+    second = {"TopK": np.array([2], np.int64), "CumSum": np.array(1, np.int64)}.get(
+        op, np.array([1], np.int64) if op.startswith("Reduce") else None)
+    inputs = [x] if second is None else [x, second]
+    got = run_kernel(op, inputs)[0]
+    want = reference(op, inputs)[0]
+    assert got.dtype == want.dtype
+    np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32), rtol=2e-2, atol=2e-2)

@@ -50,8 +50,8 @@ class Reduce(Kernel):
     """
 
     axes_input_since: ClassVar[int] = 18
-    workspace_input: ClassVar[bool] = False
-    """True when `reduce` needs scratch the size of the input (one transformed copy)."""
+    scratch_for: ClassVar[Callable[[np.dtype], bool]] = staticmethod(lambda dtype: False)
+    """True for the input dtypes where `reduce` needs scratch the size of the input."""
 
     @classmethod
     def _axes(cls, ctx: OpContext, inputs: Sequence[TensorInfo | None],
@@ -90,7 +90,8 @@ class Reduce(Kernel):
         self.keep_shape = None if self.axes is None else _reduced_shape(inputs[0].shape, self.axes, True)
 
     def workspace(self) -> int:
-        return self.inputs[0].nbytes if self.workspace_input else 0
+        x = self.inputs[0]
+        return x.nbytes if type(self).scratch_for(x.dtype) else 0
 
     def run(self, inputs, outputs, workspace):
         x = inputs[0]
@@ -107,15 +108,17 @@ class Reduce(Kernel):
         raise NotImplementedError(f"{type(self).__name__}.reduce")
 
 
-def reduction(axes_input_since: int = 18,
-              workspace_input: bool = False) -> Callable[[Callable[..., None]], type[Reduce]]:
+def reduction(axes_input_since: int = 18, scratch_for: Callable[[np.dtype], bool] | None = None
+              ) -> Callable[[Callable[..., None]], type[Reduce]]:
     """Register a Reduce subclass named like its `reduce` function, for both forms of axes."""
 
     def deco(fn: Callable[..., None]) -> type[Reduce]:
         op_type = fn.__name__
-        cls = type(op_type, (Reduce,), {"reduce": fn, "axes_input_since": axes_input_since,
-                                        "workspace_input": workspace_input,
-                                        "__doc__": fn.__doc__, "__module__": __name__})
+        body = {"reduce": fn, "axes_input_since": axes_input_since, "__doc__": fn.__doc__,
+                "__module__": __name__}
+        if scratch_for is not None:
+            body["scratch_for"] = staticmethod(scratch_for)
+        cls = type(op_type, (Reduce,), body)
         register(op_type, since=1)(cls)
         return register(op_type, since=axes_input_since)(cls)
 
@@ -134,8 +137,25 @@ def _highest(dtype: np.dtype) -> Any:
     return np.iinfo(dtype).max if dtype.kind in "iu" else np.inf
 
 
-def _sum_squares(x: np.ndarray, axes: tuple[int, ...], out: np.ndarray) -> None:
-    """Sum of x*x over `axes` into `out` (keepdims shape) without a squared copy of x."""
+def _signed(dtype: np.dtype) -> bool:
+    return dtype.kind != "u"
+
+
+def _always(dtype: np.dtype) -> bool:
+    return True
+
+
+def _einsum_lacks(dtype: np.dtype) -> bool:
+    """True for dtypes outside numpy's own (bfloat16), which numpy.einsum rejects."""
+    return dtype.kind not in "biuf"
+
+
+def _sum_squares(x: np.ndarray, axes: tuple[int, ...], out: np.ndarray,
+                 workspace: np.ndarray | None) -> None:
+    """Sum of x*x over `axes` into `out` (keepdims shape), by einsum without a squared copy of x."""
+    if _einsum_lacks(x.dtype):
+        np.sum(np.square(x, out=_scratch(x, workspace)), axis=axes, out=out, keepdims=True)
+        return
     letters = "".join(chr(ord("a") + i) for i in range(x.ndim))
     kept = "".join(c for i, c in enumerate(letters) if i not in axes)
     flat = out.reshape([d for i, d in enumerate(x.shape) if i not in axes])
@@ -173,25 +193,25 @@ def ReduceProd(self, x, axes, out, workspace):
     np.prod(x, axis=axes, out=out, keepdims=True)
 
 
-@reduction(workspace_input=True)
+@reduction(scratch_for=_signed)
 def ReduceL1(self, x, axes, out, workspace):
     """Sum of absolute values over the axes."""
-    if x.dtype.kind != "u":
+    if _signed(x.dtype):
         x = np.abs(x, out=_scratch(x, workspace))
     np.sum(x, axis=axes, out=out, keepdims=True)
 
 
-@reduction()
+@reduction(scratch_for=_einsum_lacks)
 def ReduceL2(self, x, axes, out, workspace):
     """Euclidean norm over the axes."""
-    _sum_squares(x, axes, out)
+    _sum_squares(x, axes, out, workspace)
     np.sqrt(out, out=out, casting="unsafe")
 
 
-@reduction()
+@reduction(scratch_for=_einsum_lacks)
 def ReduceSumSquare(self, x, axes, out, workspace):
     """Sum of squares over the axes."""
-    _sum_squares(x, axes, out)
+    _sum_squares(x, axes, out, workspace)
 
 
 @reduction()
@@ -201,7 +221,7 @@ def ReduceLogSum(self, x, axes, out, workspace):
     np.log(out, out=out, casting="unsafe")
 
 
-@reduction(workspace_input=True)
+@reduction(scratch_for=_always)
 def ReduceLogSumExp(self, x, axes, out, workspace):
     """log(sum(exp(x))) over the axes, shifted by the maximum so that exp cannot overflow."""
     np.maximum.reduce(x, axis=axes, out=out, keepdims=True, initial=-np.inf)
