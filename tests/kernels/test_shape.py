@@ -306,6 +306,24 @@ def test_concat_symbolic():
         infer("Concat", [sym(2, 3), sym(3)], {"axis": 0})
 
 
+def test_concat_prefix_input():
+    """Input 0 may already sit at the start of the output; run leaves it there."""
+    k = lookup("Concat", 21)
+    a, b = rand(1, 2, 3), rand(1, 4, 3)
+    infos = [TensorInfo.of(a), TensorInfo.of(b)]
+    for axis, want in ((1, 0), (0, 0), (2, None), (-2, 0)):
+        ctx = OpContext({"axis": axis}, 21, name="c")
+        assert k.prefix_input(ctx, infos, [sym(1, 6, 3)]) == want
+    assert k.prefix_input(OpContext({"axis": 1}, 21), [None, infos[1]], [sym(1, 4, 3)]) is None
+    ctx = OpContext({"axis": 1}, 21, name="c")
+    outs = k.infer(ctx, infos)
+    buf = np.empty((1, 6, 3), np.float32)
+    grown = buf[:, :2]
+    np.copyto(grown, a)
+    k(ctx, infos, outs).run([buf[:, :2], b], [buf], None)
+    np.testing.assert_array_equal(buf, np.concatenate([a, b], axis=1))
+
+
 @pytest.mark.parametrize("perm", [None, [0, 1, 2], [2, 0, 1], [1, 0, 2]])
 def test_transpose(perm):
     attrs = {} if perm is None else {"perm": perm}

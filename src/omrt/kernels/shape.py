@@ -297,8 +297,6 @@ class Dropout(_View):
 class ShapeOf(Kernel):
     """The input's shape (a slice of it from opset 15) as int64; known at compile time when static."""
 
-    op_type = "Shape"
-
     @classmethod
     def infer(cls, ctx, inputs):
         dims = inputs[0].shape[cls.window(ctx, inputs[0].rank)]
@@ -415,7 +413,9 @@ class Slice(Kernel):
         """The axes a Slice with unknown bounds may change."""
         if _present(inputs, 3):
             axes = inputs[3].value
-            return set(range(rank)) if axes is None else set(_normalize_axes(_ints(axes), rank, ctx.name))
+            if axes is None:
+                return set(range(rank))
+            return set(_normalize_axes(_ints(axes), rank, ctx.name))
         n = _length(inputs[1])
         return set(range(rank if n is None else n))
 
@@ -431,15 +431,28 @@ class Slice(Kernel):
             dims[a] = _slice_dim(dims[a], s, e, st)
         return [TensorInfo(x.dtype, tuple(dims))]
 
+    def __init__(self, ctx, inputs, outputs):
+        super().__init__(ctx, inputs, outputs)
+        x = inputs[0]
+        p = self.params(ctx, inputs, x.rank) if x.static else None
+        self.slices = None if p is None else _slices(x.shape, *p)
+
     def run(self, inputs, outputs, workspace):
         x = inputs[0]
-        np.copyto(outputs[0], x[_slices(x.shape, *self.params(self.ctx, inputs, x.ndim))])
+        slices = self.slices
+        if slices is None:
+            slices = _slices(x.shape, *self.params(self.ctx, inputs, x.ndim))
+        np.copyto(outputs[0], x[slices])
 
 
 @register("Concat", since=4)
 @register("Concat", since=1)
 class Concat(Kernel):
-    """Join along `axis`: each input is written into its slice of the output."""
+    """Join along `axis`: each input is written into its slice of the output.
+
+    When all dims before `axis` are 1, input 0 is the output's leading bytes: the planner may
+    grow its buffer into the output (`prefix_input`), and `run` then leaves those bytes alone.
+    """
 
     @classmethod
     def infer(cls, ctx, inputs):
@@ -474,7 +487,7 @@ class Concat(Kernel):
             if x is None:
                 continue
             n = x.shape[self.axis]
-            if not (i == 0 and x.size and x.ctypes.data == out.ctypes.data):
+            if not (i == 0 and x.size and _same_memory(x, out)):
                 out[lead + (slice(pos, pos + n),)] = x
             pos += n
 
@@ -532,7 +545,8 @@ class ConstantOfShape(Kernel):
         dims, n = _shape_from(inputs[0], ctx.name, "ConstantOfShape")
         if dims is not None and min(dims, default=0) < 0:
             raise ShapeError(f"{ctx.name}: ConstantOfShape shape {dims} has a negative size")
-        return [TensorInfo(cls.fill_value(ctx).dtype, tuple(dims) if dims is not None else (None,) * n)]
+        shape = tuple(dims) if dims is not None else (None,) * n
+        return [TensorInfo(cls.fill_value(ctx).dtype, shape)]
 
     def run(self, inputs, outputs, workspace):
         outputs[0].fill(self.fill_value(self.ctx)[0])
@@ -632,7 +646,11 @@ class Split(Kernel):
         elif _present(inputs, 1):
             split = _known(inputs, 1)
             if split is None:
-                return [None] * _length(inputs[1])
+                n = _length(inputs[1])
+                if n is None:
+                    raise ShapeError(f"{ctx.name}: Split needs the length of its split input at "
+                                     f"compile time; it is the number of outputs")
+                return [None] * n
         else:
             split = None
         if split is not None:
@@ -765,7 +783,7 @@ class GatherElements(Kernel):
 @register("ScatterElements", since=16)
 @register("ScatterElements", since=11)
 class ScatterElements(Kernel):
-    """out = data; out[idx[i][j][k]][j][k] = updates[i][j][k] (for axis 0), or combined by `reduction`.
+    """out = data; out[idx[i][j][k]][j][k] = updates[i][j][k] (axis 0), or combined by `reduction`.
 
     "reduction: Type of reduction to apply: none (default), add, mul, max, min" (add/mul from
     opset 16, max/min from 18); with `none`, duplicate indices leave an unspecified one of them.
@@ -841,11 +859,11 @@ class GatherND(Kernel):
         k = idx.shape[-1]
         batch = math.prod(data.shape[:b])
         block = math.prod(data.shape[b:b + k])
+        rest = math.prod(data.shape[b + k:])
         lin = _nd_offsets(idx, data.shape[b:], self.ctx.name, "GatherND").reshape(batch, -1)
         lin += (np.arange(batch, dtype=np.int64) * block)[:, None]
-        rows = data.reshape(batch * block, -1)
-        np.take(rows, lin.reshape(-1), axis=0, out=outputs[0].reshape(lin.size, rows.shape[1]),
-                mode="wrap")
+        np.take(data.reshape(batch * block, rest), lin.reshape(-1), axis=0,
+                out=outputs[0].reshape(lin.size, rest), mode="wrap")
 
 
 @register("ScatterND", since=18)
@@ -862,8 +880,9 @@ class ScatterND(Kernel):
         k = idx.shape[-1] if idx.rank else None
         if isinstance(k, int):
             want = idx.shape[:-1] + data.shape[k:]
-            if k > data.rank or upd.rank != len(want) or any(
-                    isinstance(u, int) and isinstance(w, int) and u != w for u, w in zip(upd.shape, want)):
+            clash = any(isinstance(u, int) and isinstance(w, int) and u != w
+                        for u, w in zip(upd.shape, want))
+            if k > data.rank or upd.rank != len(want) or clash:
                 raise ShapeError(f"{ctx.name}: ScatterND updates {upd.shape} must have shape "
                                  f"indices.shape[:-1] + data.shape[k:] = {want}")
         return [TensorInfo(data.dtype, data.shape)]
@@ -875,8 +894,9 @@ class ScatterND(Kernel):
             np.copyto(out, data)
         k = idx.shape[-1]
         lin = _nd_offsets(idx, data.shape, self.ctx.name, "ScatterND").reshape(-1)
-        rows = out.reshape(math.prod(data.shape[:k]), -1)
-        _scatter(rows, lin, upd.reshape(lin.size, rows.shape[1]),
+        rest = math.prod(data.shape[k:])
+        rows = out.reshape(math.prod(data.shape[:k]), rest)
+        _scatter(rows, lin, upd.reshape(lin.size, rest),
                  self.ctx.attrs.get("reduction", "none"), self.ctx.name)
 
 
@@ -933,7 +953,8 @@ class NonZero(Kernel):
 @register("Compress", since=11)
 @register("Compress", since=9)
 class Compress(Kernel):
-    """numpy.compress: the slices along `axis` (of the flattened input without one) where condition is True.
+    """numpy.compress: keep the slices along `axis` (elements of the flattened input without an
+    axis) whose condition entry is True.
 
     "Its length can be less than the input length along the axis ... In such cases data slices
     or elements exceeding the condition length are discarded." The output size depends on the
@@ -956,7 +977,8 @@ class Compress(Kernel):
     @staticmethod
     def count(cond: np.ndarray, shape: Shape, axis: int | None, name: str) -> Dim:
         """How many slices a condition selects, or a ShapeError when it is too long."""
-        size = _product(shape) if axis is None else shape[normalize_axis(int(axis), len(shape), name)]
+        size = (_product(shape) if axis is None
+                else shape[normalize_axis(int(axis), len(shape), name)])
         cond = np.asarray(cond).reshape(-1)
         if isinstance(size, int) and cond.size > size:
             raise ShapeError(f"{name}: Compress condition has {cond.size} entries for {size} "
@@ -1005,7 +1027,7 @@ class Unique(Kernel):
             order = np.argsort(first, kind="stable")
             rank = np.empty_like(order)
             rank[order] = np.arange(order.size)
-            y = np.take(y, order, axis=axis or 0)
+            y = np.take(y, order, axis=0 if axis is None else axis)
             first, counts, inverse = first[order], counts[order], rank[inverse]
         return [y, first.astype(np.int64), inverse.astype(np.int64), counts.astype(np.int64)]
 
@@ -1015,7 +1037,7 @@ class Unique(Kernel):
 
 @register("Trilu", since=14)
 class Trilu(Kernel):
-    """Keep the upper (j - i >= k) or lower (j - i <= k) triangle of the last two dims, zero the rest."""
+    """Keep the upper (j - i >= k) or lower (j - i <= k) triangle of the last two dims; zero the rest."""
 
     inplace = {0: 0}
 
@@ -1061,7 +1083,7 @@ class EyeLike(Kernel):
 
 
 class _BlockMove(Kernel):
-    """DepthToSpace / SpaceToDepth: a 6-D reshape, a transpose, a 4-D reshape, copied once into `out`."""
+    """DepthToSpace / SpaceToDepth: a 6-D reshape and a transpose, copied once into `out`."""
 
     @classmethod
     def plan(cls, ctx: OpContext, shape: Shape) -> tuple[tuple, tuple[int, ...], Shape]:
@@ -1233,7 +1255,9 @@ class Pad(Kernel):
     def fill_value(self, inputs: Sequence[np.ndarray | None]) -> object:
         if self.ctx.opset < 11:
             return self.ctx.attrs.get("value", 0.0)
-        return inputs[2].reshape(-1)[0] if _present(inputs, 2) and inputs[2].size else 0
+        if _present(inputs, 2) and inputs[2].size:
+            return inputs[2].reshape(-1)[0]
+        return "" if inputs[0].dtype.kind == "O" else 0
 
     def run(self, inputs, outputs, workspace):
         x, out = inputs[0], outputs[0]
