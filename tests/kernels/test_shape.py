@@ -748,3 +748,33 @@ def test_center_crop_pad_infer():
     assert shapes("CenterCropPad", [sym("N", 5), sym(2, dtype=I64)]) == [(None, None)]
     with pytest.raises(ShapeError, match="one non-negative"):
         infer("CenterCropPad", [sym(5, 5), const(ints(3))])
+
+
+STRINGS = np.array([["a", "b", "c"], ["d", "e", "f"]], dtype=object)
+
+
+@pytest.mark.parametrize("op,inputs,attrs", [
+    ("Reshape", [STRINGS, ints(3, 2)], {}),
+    ("Gather", [STRINGS, ints(1, 0)], {"axis": 1}),
+    ("Concat", [STRINGS, STRINGS], {"axis": 0}),
+    ("Transpose", [STRINGS], {}),
+    ("Slice", [STRINGS, ints(1), ints(3), ints(1)], {}),
+    ("Tile", [STRINGS, ints(1, 2)], {}),
+    ("Expand", [STRINGS[:, :1], ints(2, 3)], {}),
+    ("Compress", [STRINGS, np.array([True, False])], {"axis": 0}),
+    ("Unique", [STRINGS.reshape(-1)], {}),
+    ("ScatterND", [STRINGS, ints(0, 1).reshape(1, 2), np.array(["z"], dtype=object)], {}),
+    ("GatherElements", [STRINGS, np.array([[0, 0], [1, 0]])], {"axis": 1}),
+    ("ReverseSequence", [STRINGS, ints(2, 1, 0)], {}),
+    ("Pad", [STRINGS, ints(1, 0, 0, 1)], {"mode": "edge"}),
+])
+def test_strings(op, inputs, attrs):
+    for got, want in zip(run_kernel(op, inputs, attrs), reference(op, inputs, attrs)):
+        assert got.shape == want.shape and got.dtype == want.dtype
+        np.testing.assert_array_equal(got, want)
+
+
+def test_pad_strings_default_to_empty():
+    """"constant_value ... defaults to 0, empty string, or False" (the reference pads with 0)."""
+    (y,) = run_kernel("Pad", [STRINGS, ints(1, 0, 0, 0)])
+    assert list(y[0]) == ["", "", ""] and y[1, 0] == "a"
