@@ -68,6 +68,7 @@ def _check_same_dtype(ctx: OpContext, infos: Sequence[TensorInfo]) -> None:
                          f"but must all have one dtype; insert a Cast")
 
 
+_BOOL = np.dtype(np.bool_)
 FLOAT = "f"
 SIGNED = "fi"
 NUMERIC = "fiu"
@@ -78,16 +79,17 @@ BOOL = "b"
 
 
 class Unary(Kernel):
-    """Same shape and dtype in and out, one ufunc pass or a few in place on the output."""
+    """Same shape in and out, and the same dtype unless `result` says otherwise (predicates)."""
 
     inplace = {0: 0}
     kinds: ClassVar[str] = NUMERIC
+    result: ClassVar[np.dtype | None] = None
 
     @classmethod
     def infer(cls, ctx: OpContext, inputs: Sequence[TensorInfo | None]) -> list[TensorInfo]:
         x = inputs[0]
         _check_kind(ctx, x, cls.kinds)
-        return [TensorInfo(x.dtype, x.shape)]
+        return [TensorInfo(cls.result if cls.result is not None else x.dtype, x.shape)]
 
     def run(self, inputs, outputs, workspace):
         self.compute(inputs[0], outputs[0])
@@ -96,13 +98,14 @@ class Unary(Kernel):
         raise NotImplementedError
 
 
-def unary(op_type: str, fn: Callable[..., object], since: int = 1, kinds: str = NUMERIC) -> type[Kernel]:
+def unary(op_type: str, fn: Callable[..., object], since: int = 1, kinds: str = NUMERIC,
+          result: np.dtype | None = None) -> type[Kernel]:
     """Register a unary kernel from a ufunc-like `fn(x, out=...)`."""
 
     def compute(self: Unary, x: np.ndarray, out: np.ndarray) -> None:
         fn(x, out=out)
 
-    cls = type(op_type, (Unary,), {"compute": compute, "kinds": kinds,
+    cls = type(op_type, (Unary,), {"compute": compute, "kinds": kinds, "result": result,
                                    "__doc__": f"ONNX {op_type}: one ufunc into the output."})
     return register(op_type, since)(cls)
 
@@ -141,6 +144,43 @@ unary("Reciprocal", _quiet(np.reciprocal), kinds=FLOAT)
 unary("Floor", np.floor, kinds=FLOAT)
 unary("Ceil", np.ceil, kinds=FLOAT)
 unary("Not", np.logical_not, kinds=BOOL)
+unary("Sign", np.sign, since=9)
+unary("Round", np.rint, since=11, kinds=FLOAT)
+unary("IsNaN", np.isnan, since=9, kinds=FLOAT, result=_BOOL)
+unary("BitwiseNot", np.invert, since=18, kinds=INTEGER)
+for _name, _fn, _since in (("Sin", np.sin, 7), ("Cos", np.cos, 7), ("Tan", np.tan, 7),
+                           ("Asin", np.arcsin, 7), ("Acos", np.arccos, 7), ("Atan", np.arctan, 7),
+                           ("Sinh", np.sinh, 9), ("Cosh", np.cosh, 9), ("Asinh", np.arcsinh, 9),
+                           ("Acosh", np.arccosh, 9), ("Atanh", np.arctanh, 9)):
+    unary(_name, _quiet(_fn), since=_since, kinds=FLOAT)
+
+
+def _softplus(x: np.ndarray, out: np.ndarray) -> None:
+    np.logaddexp(x, x.dtype.type(0), out=out)
+
+
+unary("Softplus", _softplus, kinds=FLOAT)
+
+
+@register("IsInf", since=10)
+class IsInf(Unary):
+    """True at +inf and/or -inf, as `detect_positive` and `detect_negative` (both 1 by default) ask."""
+
+    kinds = FLOAT
+    result = _BOOL
+
+    def __init__(self, ctx, inputs, outputs):
+        super().__init__(ctx, inputs, outputs)
+        self.positive = bool(ctx.attr("detect_positive", 1))
+        self.negative = bool(ctx.attr("detect_negative", 1))
+
+    def compute(self, x, out):
+        if self.positive and self.negative:
+            np.isinf(x, out=out)
+        elif self.positive or self.negative:
+            np.equal(x, np.inf if self.positive else -np.inf, out=out)
+        else:
+            out.fill(False)
 
 
 @register("HardSigmoid", since=1)
@@ -230,30 +270,34 @@ class LeakyRelu(Pointwise):
         (np.fmax if self.alpha <= 1 else np.fmin)(x, t, out=out)
 
 
-# erf(x) = x * A(x^2) for |x| < a; else sign(x) * (1 - exp(-x^2) * s * B(s * alpha + beta)) with
-# s = 1 / min(|x|, hi). A and B are Chebyshev interpolants of erf(sqrt t)/sqrt t and of
-# x * exp(x^2) * erfc(x) in the variable 1/x, converted to monomials; evaluated in float64 the
-# "single" set is faithful (<= 1 ulp) in float32, the "double" set within 1e-15 relative.
-_ERF_SINGLE = (1.5, 4.0, 4.800000000000001, -2.2, (
+# erf(x) = x * A(x^2) for |x| < 1.5, else sign(x) * (1 - erfc(|x|)) with
+# erfc(x) = exp(-x^2) * s * B(3 * s - 1), s = 1 / x in (0, 2/3]. A and B are Chebyshev
+# interpolants of erf(sqrt t) / sqrt t and of x * exp(x^2) * erfc(x) (a smooth function of 1/x,
+# 1/sqrt(pi) at 0) converted to monomials. Evaluated in float64, the "single" pair makes erf
+# faithful (<= 1 ulp) in float32 and erfc accurate to 3e-8 relative; the "double" pair gives 1e-15
+# and 1e-13.
+_ERF_SMALL = 1.5
+_ERF_SINGLE = ((
     1.1283791663354452, -0.376126334232965, 0.11283726278326812, -0.0268631475215238,
     0.00521691926845622, -0.0008454627415486682, 0.00011309676190128002, -1.1328873788965468e-05,
     6.205873148565223e-07,
 ), (
-    0.517685940192101, -0.034063866858605005, -0.0022858100596366182, 0.0012456050410386886,
-    -0.00021901786855947096, 1.1047107555663843e-05, 6.367912265977047e-06,
-    -2.6381291931921233e-06, 4.975012184143168e-07,
+    0.5370034535441696, -0.04765311290802519, -0.01281917638744986, 0.007247383102541376,
+    -0.001267509282992437, -0.0003972909127239823, 0.00038168563432947, -0.00013267239015596027,
+    -3.644627535729632e-06, 2.9965329789467736e-05, -1.0957806544283169e-05,
 ))
-_ERF_DOUBLE = (1.5, 6.0, 4.0, -1.6666666666666665, (
+_ERF_DOUBLE = ((
     1.1283791670955123, -0.3761263890318455, 0.11283791671006917, -0.02686617065154504,
     0.00522397766229043, -0.0008548328241391942, 0.00012055358663715973, -1.4926015858138423e-05,
     1.6465727136262964e-06, -1.639082589955567e-07, 1.4926106839252177e-08, -1.265941453673093e-09,
     1.005283633812805e-10, -6.835525513202979e-12, 2.8087451529198067e-13,
 ), (
-    0.5243969628888799, -0.039591583739162134, -0.004444492750393925, 0.002460770062360431,
-    -0.0004674399394925371, 2.4716565662878067e-06, 3.1496690482858876e-05, -1.243700982764975e-05,
-    2.5190382348638003e-06, 1.7666412217643865e-08, -2.500278586464665e-07, 1.1793168386643716e-07,
-    -3.262181112641384e-08, 4.1659083742015234e-09, 1.969906736667297e-09, -1.7948181863321106e-09,
-    4.944056782063023e-10,
+    0.5370034535441698, -0.04765311347930525, -0.012819205268478934, 0.007247415165453648,
+    -0.0012669390354550715, -0.0003977677130752162, 0.00037860069213909494, -0.00013021557689806332,
+    2.8785657110801044e-06, 2.457224815032882e-05, -1.6227110947427314e-05, 5.102541064781266e-06,
+    3.2341566692842034e-07, -1.339947344316162e-06, 1.0083095622113192e-06, -6.458803409368886e-07,
+    9.610646597491868e-08, 2.979966869443092e-07, -1.6611168356168887e-07, -3.478752208506686e-08,
+    3.100746692791325e-08,
 ))
 
 
@@ -266,26 +310,36 @@ def _horner(coefs: Sequence[float], v: np.ndarray, acc: np.ndarray) -> None:
 
 
 def _erf(x: np.ndarray, out: np.ndarray, t: np.ndarray, u: np.ndarray, small: np.ndarray,
-         coefs: tuple) -> None:
-    """erf of float64 `x` into `out` (distinct from `x`), with scratch `t`, `u` and bool `small`."""
-    a, hi, alpha, beta, poly_a, poly_b = coefs
+         coefs: tuple, plus_one: bool = False) -> None:
+    """erf(x), or 1 + erf(x) without cancellation for negative x, of float64 `x` into `out`.
+
+    `out` must not be `x`; `t` and `u` are float64 scratch and `small` bool scratch.
+    """
+    poly_a, poly_b = coefs
     np.absolute(x, out=t)
-    np.less(t, a, out=small)
-    np.clip(t, a, hi, out=t)
+    np.less(t, _ERF_SMALL, out=small)
+    np.maximum(t, _ERF_SMALL, out=t)
     np.reciprocal(t, out=u)
     np.multiply(t, t, out=t)
     np.negative(t, out=t)
     np.exp(t, out=t)
     t *= u
-    u *= alpha
-    u += beta
+    u *= 2 * _ERF_SMALL
+    u -= 1
     _horner(poly_b, u, out)
     out *= t
-    np.subtract(1.0, out, out=out)
-    np.copysign(out, x, out=out)
+    # out = erfc(|x|); erf = sgn - sgn * erfc, 1 + erf = (1 + sgn) - sgn * erfc, exact for sgn < 0
+    np.copysign(1.0, x, out=t)
+    out *= t
+    np.negative(out, out=out)
+    if plus_one:
+        t += 1
+    out += t
     np.multiply(x, x, out=t)
     _horner(poly_a, t, u)
     u *= x
+    if plus_one:
+        u += 1
     np.copyto(out, u, where=small)
 
 
@@ -314,6 +368,192 @@ class Erf(ErfBased):
         np.copyto(xw, x, casting="unsafe")
         _erf(xw, r, t, u, mask, self.coefs)
         np.copyto(out, r, casting="unsafe")
+
+
+@register("Gelu", since=20)
+class Gelu(ErfBased):
+    """0.5 * x * (1 + erf(x / sqrt(2))), or with approximate="tanh"
+    0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x^3)))."""
+
+    kinds = FLOAT
+
+    def __init__(self, ctx, inputs, outputs):
+        approximate = ctx.attr("approximate", "none")
+        if approximate not in ("none", "tanh"):
+            raise ShapeError(f"{ctx.name}: Gelu approximate={approximate!r} is not defined; use "
+                             f"'none' or 'tanh'")
+        self.tanh = approximate == "tanh"
+        super().__init__(ctx, inputs, outputs)
+
+    def work_dtype(self, dtype):
+        return Pointwise.work_dtype(self, dtype) if self.tanh else super().work_dtype(dtype)
+
+    def chunk(self, x, out, bufs, mask):
+        xw, r, t, u = bufs
+        if self.tanh:
+            np.multiply(x, x, out=r)
+            r *= 0.044715
+            r += 1
+            r *= x
+            r *= math.sqrt(2 / math.pi)
+            np.tanh(r, out=r)
+            r += 1
+        else:
+            np.multiply(x, np.float64(math.sqrt(0.5)), out=xw)  # in float64, not x's dtype
+            _erf(xw, r, t, u, mask, self.coefs, plus_one=True)
+        r *= x
+        r *= 0.5
+        np.copyto(out, r, casting="unsafe")
+
+
+class ExpLinear(Pointwise):
+    """gamma * (max(x, 0) + alpha * expm1(min(x, 0) / scale)): Elu, Selu and Celu in one pass set."""
+
+    kinds = FLOAT
+
+    def __init__(self, ctx, inputs, outputs):
+        super().__init__(ctx, inputs, outputs)
+        self.alpha, self.gamma, self.scale = self.params(ctx)
+
+    def params(self, ctx: OpContext) -> tuple[float, float, float]:
+        raise NotImplementedError
+
+    def chunk(self, x, out, bufs, mask):
+        (t,) = bufs
+        np.minimum(x, 0, out=t)
+        if self.scale != 1:
+            t /= self.scale
+        np.expm1(t, out=t)
+        t *= self.alpha
+        np.maximum(x, 0, out=out)
+        np.add(out, t, out=out, casting="unsafe")
+        if self.gamma != 1:
+            out *= self.gamma
+
+
+@register("Elu", since=1)
+class Elu(ExpLinear):
+    """alpha * (exp(x) - 1) below zero, x above; alpha 1 by default."""
+
+    def params(self, ctx):
+        return float(ctx.attr("alpha", 1.0)), 1.0, 1.0
+
+
+@register("Selu", since=1)
+class Selu(ExpLinear):
+    """gamma * (alpha * exp(x) - alpha) below zero, gamma * x above."""
+
+    def params(self, ctx):
+        return (float(ctx.attr("alpha", 1.67326319217681884765625)),
+                float(ctx.attr("gamma", 1.05070102214813232421875)), 1.0)
+
+
+@register("Celu", since=12)
+class Celu(ExpLinear):
+    """max(0, x) + min(0, alpha * (exp(x / alpha) - 1)); alpha 1 by default."""
+
+    def params(self, ctx):
+        alpha = float(ctx.attr("alpha", 1.0))
+        return alpha, 1.0, alpha
+
+
+@register("Softsign", since=1)
+class Softsign(Pointwise):
+    """x / (1 + |x|)."""
+
+    kinds = FLOAT
+
+    def chunk(self, x, out, bufs, mask):
+        (t,) = bufs
+        np.absolute(x, out=t)
+        t += 1
+        np.divide(x, t, out=out, casting="unsafe")
+
+
+@register("HardSwish", since=14)
+class HardSwish(Pointwise):
+    """x * max(0, min(1, x / 6 + 0.5))."""
+
+    kinds = FLOAT
+
+    def chunk(self, x, out, bufs, mask):
+        (t,) = bufs
+        np.multiply(x, 1 / 6, out=t)
+        t += 0.5
+        np.clip(t, 0, 1, out=t)
+        np.multiply(x, t, out=out, casting="unsafe")
+
+
+@register("Mish", since=18)
+class Mish(Pointwise):
+    """x * tanh(softplus(x))."""
+
+    kinds = FLOAT
+
+    def chunk(self, x, out, bufs, mask):
+        (t,) = bufs
+        np.logaddexp(x, 0, out=t)
+        np.tanh(t, out=t)
+        np.multiply(x, t, out=out, casting="unsafe")
+
+
+@register("Swish", since=24)
+class Swish(Pointwise):
+    """x * sigmoid(alpha * x); alpha 1 by default."""
+
+    kinds = FLOAT
+
+    def __init__(self, ctx, inputs, outputs):
+        super().__init__(ctx, inputs, outputs)
+        self.alpha = float(ctx.attr("alpha", 1.0))
+
+    def chunk(self, x, out, bufs, mask):
+        (t,) = bufs
+        np.multiply(x, -self.alpha, out=t)
+        np.exp(t, out=t)
+        t += 1
+        np.divide(x, t, out=out, casting="unsafe")
+
+
+@register("ThresholdedRelu", since=10)
+class ThresholdedRelu(Pointwise):
+    """x where x > alpha, else 0 (NaN included); alpha 1 by default."""
+
+    kinds = FLOAT
+    buffers = 0
+    masks = 1
+
+    def __init__(self, ctx, inputs, outputs):
+        super().__init__(ctx, inputs, outputs)
+        self.alpha = float(ctx.attr("alpha", 1.0))
+
+    def chunk(self, x, out, bufs, mask):
+        np.greater(x, self.alpha, out=mask)
+        np.logical_not(mask, out=mask)
+        np.copyto(out, x)
+        np.copyto(out, 0, where=mask)
+
+
+@register("Shrink", since=9)
+class Shrink(Pointwise):
+    """x - bias for x > lambd, x + bias for x < -lambd, else 0 (bias 0, lambd 0.5 by default)."""
+
+    masks = 1
+
+    def __init__(self, ctx, inputs, outputs):
+        super().__init__(ctx, inputs, outputs)
+        self.bias = float(ctx.attr("bias", 0.0))
+        self.lambd = float(ctx.attr("lambd", 0.5))
+
+    def chunk(self, x, out, bufs, mask):
+        (t,) = bufs
+        np.absolute(x, out=t)
+        np.greater(t, self.lambd, out=mask)
+        np.logical_not(mask, out=mask)
+        np.sign(x, out=t)
+        t *= self.bias
+        np.subtract(x, t, out=out, casting="unsafe")
+        np.copyto(out, 0, where=mask)
 
 
 # ----------------------------------------------------------------------------- binary
@@ -355,8 +595,6 @@ def binary(op_type: str, fn: Callable[..., object], since: int = 7, kinds: str =
     return register(op_type, since)(cls)
 
 
-_BOOL = np.dtype(np.bool_)
-
 binary("Add", np.add)
 binary("Sub", np.subtract)
 binary("Mul", np.multiply)
@@ -368,6 +606,74 @@ binary("LessOrEqual", np.less_equal, since=12, result=_BOOL)
 binary("And", np.logical_and, kinds=BOOL)
 binary("Or", np.logical_or, kinds=BOOL)
 binary("Xor", np.logical_xor, kinds=BOOL)
+binary("BitwiseAnd", np.bitwise_and, since=18, kinds=INTEGER)
+binary("BitwiseOr", np.bitwise_or, since=18, kinds=INTEGER)
+binary("BitwiseXor", np.bitwise_xor, since=18, kinds=INTEGER)
+
+
+@register("Mod", since=10)
+class Mod(Binary):
+    """Remainder: with fmod=0 "A - floor(A / B) * B" (sign of B), with fmod=1 "A - trunc(A / B) * B"
+    (sign of A), as Python's % and C's fmod."""
+
+    def __init__(self, ctx, inputs, outputs):
+        super().__init__(ctx, inputs, outputs)
+        self.fn = np.fmod if ctx.attr("fmod", 0) else np.mod
+
+    def compute(self, a, b, out):
+        with np.errstate(all="ignore"):
+            self.fn(a, b, out=out)
+
+
+@register("BitShift", since=11)
+class BitShift(Binary):
+    """X shifted by Y bits LEFT or RIGHT (arithmetic for signed types); shifts of the type's
+    width or more, or negative, give 0 (-1 for a negative X shifted right), as numpy does."""
+
+    kinds = INTEGER
+
+    def __init__(self, ctx, inputs, outputs):
+        super().__init__(ctx, inputs, outputs)
+        direction = ctx.attr("direction")
+        if direction not in ("LEFT", "RIGHT"):
+            raise ShapeError(f"{ctx.name}: BitShift direction is {direction!r}; set it to "
+                             f"'LEFT' or 'RIGHT'")
+        self.fn = np.left_shift if direction == "LEFT" else np.right_shift
+
+    def compute(self, a, b, out):
+        self.fn(a, b, out=out)
+
+
+@register("PRelu", since=7)
+class PRelu(Binary):
+    """x for x >= 0, slope * x below; "slope should be unidirectional broadcastable to input X"."""
+
+    kinds = "fi"
+
+    @classmethod
+    def infer(cls, ctx, inputs):
+        x, slope = inputs
+        fits = len(slope.shape) <= len(x.shape) and all(
+            s == 1 or s == d or not (isinstance(s, int) and isinstance(d, int))
+            for s, d in zip(slope.shape[::-1], x.shape[::-1]))
+        if not fits:
+            raise ShapeError(f"{ctx.name}: PRelu slope of shape {tuple(slope.shape)} does not "
+                             f"broadcast to X of shape {tuple(x.shape)}; give slope X's trailing "
+                             f"dims or 1s, e.g. (C, 1, 1) for NCHW input")
+        return [TensorInfo(super().infer(ctx, inputs)[0].dtype, x.shape)]
+
+    def workspace(self):
+        return numel(self.outputs[0].shape)
+
+    def run(self, inputs, outputs, workspace):
+        x, slope = inputs
+        out = outputs[0]
+        if out.size == 0:
+            return
+        negative = workspace[:out.size].view(np.bool_).reshape(out.shape)
+        np.less(x, 0, out=negative)
+        np.copyto(out, x)
+        np.multiply(out, slope, out=out, where=negative)
 
 
 @register("Div", since=7)
@@ -573,3 +879,186 @@ class Cast(Kernel):
         except (ValueError, TypeError):
             # "100.5" to an integer type: through float64, then truncated
             np.copyto(out, x.astype(np.float64), casting="unsafe")
+
+
+@register("CastLike", since=15)
+class CastLike(Cast):
+    """Cast to the dtype of the second input."""
+
+    @classmethod
+    def target(cls, ctx, inputs):
+        return inputs[1].dtype
+
+
+# ----------------------------------------------------------------------------- random
+
+
+def _generator(ctx: OpContext) -> np.random.Generator:
+    """A generator seeded from the float `seed` attribute (its bits), or from the OS without one.
+
+    Seeded once at load: a session replays the same sequence, successive runs differ.
+    """
+    seed = ctx.attr("seed")
+    if seed is None:
+        return np.random.default_rng()
+    return np.random.default_rng(int(np.float64(seed).view(np.uint64)))
+
+
+class RandomFill(Kernel):
+    """A tensor of draws scaled and shifted: RandomNormal, RandomUniform and their *Like forms.
+
+    Draws go straight into float32/float64 outputs; other float types go through the workspace.
+    """
+
+    deterministic = False
+    like: ClassVar[bool] = False
+
+    @classmethod
+    def infer(cls, ctx, inputs):
+        code = ctx.attr("dtype")
+        if cls.like:
+            x = inputs[0]
+            dtype, shape = (x.dtype if code is None else onnx_dtype(code, ctx)), x.shape
+        else:
+            dtype = onnx_dtype(1 if code is None else code, ctx)
+            shape = ctx.attr("shape")
+            if shape is None:
+                raise ShapeError(f"{ctx.name}: {ctx.op_type} has no 'shape' attribute; set it")
+            shape = tuple(int(d) for d in shape)
+        if _kind(dtype) != "f":
+            raise ShapeError(f"{ctx.name}: {ctx.op_type} draws floats, not {dtype}; set dtype to "
+                             f"a float type and Cast the result")
+        return [TensorInfo(dtype, shape)]
+
+    def __init__(self, ctx, inputs, outputs):
+        super().__init__(ctx, inputs, outputs)
+        self.rng = _generator(ctx)
+        self.native = outputs[0].dtype in (np.float32, np.float64)
+        self.scale, self.shift = self.params(ctx)
+
+    def params(self, ctx: OpContext) -> tuple[float, float]:
+        raise NotImplementedError
+
+    def draw(self, buf: np.ndarray) -> None:
+        raise NotImplementedError
+
+    def workspace(self):
+        return 0 if self.native else 4 * numel(self.outputs[0].shape)
+
+    def run(self, inputs, outputs, workspace):
+        out = outputs[0]
+        buf = out if self.native else workspace[:4 * out.size].view(np.float32).reshape(out.shape)
+        self.draw(buf)
+        buf *= self.scale
+        buf += self.shift
+        if not self.native:
+            np.copyto(out, buf, casting="unsafe")
+
+
+class _Normal(RandomFill):
+    """Normal draws with `mean` (0) and `scale` (1)."""
+
+    def params(self, ctx):
+        return float(ctx.attr("scale", 1.0)), float(ctx.attr("mean", 0.0))
+
+    def draw(self, buf):
+        self.rng.standard_normal(out=buf, dtype=buf.dtype)
+
+
+class _Uniform(RandomFill):
+    """Uniform draws in [low, high), 0 and 1 by default."""
+
+    def params(self, ctx):
+        low, high = float(ctx.attr("low", 0.0)), float(ctx.attr("high", 1.0))
+        return high - low, low
+
+    def draw(self, buf):
+        self.rng.random(out=buf, dtype=buf.dtype)
+
+
+@register("RandomNormal", since=1)
+class RandomNormal(_Normal):
+    """Normal draws of the attribute `shape`."""
+
+
+@register("RandomUniform", since=1)
+class RandomUniform(_Uniform):
+    """Uniform draws of the attribute `shape`."""
+
+
+@register("RandomNormalLike", since=1)
+class RandomNormalLike(_Normal):
+    """Normal draws of the input's shape."""
+
+    like = True
+
+
+@register("RandomUniformLike", since=1)
+class RandomUniformLike(_Uniform):
+    """Uniform draws of the input's shape."""
+
+    like = True
+
+
+@register("Bernoulli", since=15)
+class Bernoulli(Kernel):
+    """1 with probability p (the input), else 0, in `dtype` (the input's by default)."""
+
+    deterministic = False
+
+    @classmethod
+    def infer(cls, ctx, inputs):
+        x = inputs[0]
+        _check_kind(ctx, x, FLOAT)
+        code = ctx.attr("dtype")
+        return [TensorInfo(x.dtype if code is None else onnx_dtype(code, ctx), x.shape)]
+
+    def __init__(self, ctx, inputs, outputs):
+        super().__init__(ctx, inputs, outputs)
+        self.rng = _generator(ctx)
+
+    def workspace(self):
+        return 8 * numel(self.outputs[0].shape)
+
+    def run(self, inputs, outputs, workspace):
+        x, out = inputs[0], outputs[0]
+        if out.size == 0:
+            return
+        u = workspace[:8 * out.size].view(np.float64).reshape(out.shape)
+        self.rng.random(out=u)
+        np.less(u, x, out=out, casting="unsafe")
+
+
+@register("Multinomial", since=7)
+class Multinomial(Kernel):
+    """`sample_size` class indices per row of unnormalized log-probabilities [batch, classes]."""
+
+    deterministic = False
+
+    @classmethod
+    def infer(cls, ctx, inputs):
+        x = inputs[0]
+        _check_kind(ctx, x, FLOAT)
+        if x.rank != 2:
+            raise ShapeError(f"{ctx.name}: Multinomial input has shape {tuple(x.shape)}, but must "
+                             f"be [batch_size, class_size]")
+        dtype = onnx_dtype(ctx.attr("dtype", 6), ctx)
+        if dtype not in (np.int32, np.int64):
+            raise ShapeError(f"{ctx.name}: Multinomial dtype is {dtype}; use int32 (6) or int64 (7)")
+        return [TensorInfo(dtype, (x.shape[0], int(ctx.attr("sample_size", 1))))]
+
+    def __init__(self, ctx, inputs, outputs):
+        super().__init__(ctx, inputs, outputs)
+        self.rng = _generator(ctx)
+
+    def run(self, inputs, outputs, workspace):
+        x, out = inputs[0].astype(np.float64), outputs[0]
+        if out.size == 0:
+            return
+        x -= x.max(axis=1, keepdims=True)
+        np.exp(x, out=x)
+        cdf = np.cumsum(x, axis=1)
+        cdf /= cdf[:, -1:]
+        u = self.rng.random(out.shape)
+        for row, c, v in zip(out, cdf, u):
+            np.minimum(np.searchsorted(c, v, side="right"), c.size - 1, out=row, casting="unsafe")
