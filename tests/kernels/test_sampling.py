@@ -306,6 +306,8 @@ def test_gridsample_3d(mode, padding):
 
 def test_gridsample_1d_and_dtypes():
     check("GridSample", [randn(2, 3, 7), grid_for(2, 5)], {"mode": "linear"}, opset=20, atol=1e-5)
+    check("GridSample", [randn(1, 2, 4, 4, dtype=np.float16), grid_for(1, 3, 3).astype(np.float16)],
+          {"mode": "linear", "padding_mode": "border"}, opset=20, rtol=1e-2, atol=1e-2)
     check("GridSample", [randn(1, 2, 4, 4, dtype=np.float64), grid_for(1, 3, 3).astype(np.float64)],
           {"mode": "cubic"}, opset=20, atol=1e-5)  # the reference denormalizes in float32
     x = rng.integers(0, 255, (1, 2, 4, 4)).astype(np.uint8)
@@ -347,8 +349,8 @@ def test_affine_grid_size_known_at_run_time():
 # ----------------------------------------------------------------------------- RoiAlign
 
 ROIS = np.array([[0, 0, 9, 9], [0, 5, 4, 9], [5, 5, 9, 9], [1.3, 2.7, 11.5, 8.2], [-2, -3, 3, 14],
-                 [3, 3, 3, 3]], np.float32)
-BATCH = i64(0, 0, 1, 1, 0, 1)
+                 [3, 3, 3, 3], [9, 9, 1, 1]], np.float32)
+BATCH = i64(0, 0, 1, 1, 0, 1, 0)
 
 
 @pytest.mark.parametrize("mode", ["avg", "max"])

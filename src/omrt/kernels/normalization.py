@@ -149,7 +149,7 @@ class BatchNormalization(_SameShape):
         if self.buffered:
             np.copyto(buf, x)
         axes = (0,) + tuple(range(2, x.ndim))
-        cur_mean, cur_var = standardize(x if buf is y else buf, buf, axes, self.epsilon)
+        cur_mean, cur_var = standardize(buf if self.buffered else x, buf, axes, self.epsilon)
         np.multiply(buf, _channel_view(scale, x.ndim), out=buf, casting="same_kind")
         np.add(buf, _channel_view(bias, x.ndim), out=buf, casting="same_kind")
         if self.buffered:

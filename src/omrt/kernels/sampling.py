@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import numpy as np
 
@@ -348,16 +348,18 @@ class _ResizeBase(Kernel):
     def __init__(self, ctx: OpContext, inputs: Sequence[TensorInfo | None],
                  outputs: Sequence[TensorInfo]) -> None:
         super().__init__(ctx, inputs, outputs)
-        self.params = self.resize_params(ctx, inputs[0].dtype)
+        self.params = self.resize_params(ctx)
         self.cache: dict[bytes, Resampler] = {}
         self.resampler: Resampler | None = None
-        values = [i.value if i is not None else None for i in inputs]
         x = inputs[0]
-        if all(v is not None for v, i in zip(values[1:], inputs[1:]) if i is not None) and x.static:
-            self.resampler = self.make_resampler(x.shape, x.dtype, values)
+        if x.static:
+            values = [i.value if i is not None else None for i in inputs]
+            geo = self.geometry(ctx, x.shape, values, inputs)
+            if geo is not None:
+                self.resampler = self.make_resampler(x.shape, x.dtype, geo)
 
     @classmethod
-    def resize_params(cls, ctx: OpContext, dtype: np.dtype) -> ResizeParams:
+    def resize_params(cls, ctx: OpContext) -> ResizeParams:
         raise NotImplementedError
 
     @classmethod
@@ -369,7 +371,7 @@ class _ResizeBase(Kernel):
     @classmethod
     def infer(cls, ctx: OpContext, inputs: Sequence[TensorInfo | None]) -> list[TensorInfo]:
         x = inputs[0]
-        params = cls.resize_params(ctx, x.dtype)
+        params = cls.resize_params(ctx)
         if params.mode != "nearest" and x.dtype.kind not in "iuf":
             raise ShapeError(f"{ctx.name}: {params.mode} {ctx.op_type} needs a numeric input, got "
                              f"{x.dtype}; use mode 'nearest' or Cast the input")
@@ -378,10 +380,8 @@ class _ResizeBase(Kernel):
         shape = geo.out_shape if geo is not None else (None,) * x.rank
         return [TensorInfo(x.dtype, tuple(shape))]
 
-    def make_resampler(self, shape: tuple[int, ...], dtype: np.dtype,
-                       values: Sequence[np.ndarray | None]) -> Resampler:
-        geo = self.geometry(self.ctx, shape, values, [TensorInfo.of(v) if v is not None else None
-                                                      for v in values])
+    def make_resampler(self, shape: tuple[int, ...], dtype: np.dtype, geo: ResizeGeometry) -> Resampler:
+        """The plans for one input shape and geometry."""
         ct = interp_dtype(dtype)
         plans = []
         for axis, (n_in, n_out, scale, roi) in enumerate(zip(shape, geo.out_shape, geo.scales, geo.roi)):
@@ -407,7 +407,9 @@ class _ResizeBase(Kernel):
             key = repr(x.shape).encode() + b"".join(v.tobytes() for v in values[1:] if v is not None)
             resampler = self.cache.get(key)
             if resampler is None:
-                resampler = self.cache[key] = self.make_resampler(x.shape, x.dtype, values)
+                infos = [TensorInfo.of(v) if v is not None else None for v in values]
+                geo = self.geometry(self.ctx, x.shape, values, infos)
+                resampler = self.cache[key] = self.make_resampler(x.shape, x.dtype, geo)
         if resampler.out_shape != outputs[0].shape:
             raise ShapeError(f"{self.ctx.name}: Resize output buffer has shape {outputs[0].shape}, "
                              f"the scales/sizes give {resampler.out_shape}")
@@ -435,7 +437,7 @@ class Resize(_ResizeBase):
     """
 
     @classmethod
-    def resize_params(cls, ctx: OpContext, dtype: np.dtype) -> ResizeParams:
+    def resize_params(cls, ctx: OpContext) -> ResizeParams:
         mode = str(ctx.attr("mode", "nearest"))
         if mode not in ("nearest", "linear", "cubic"):
             raise ShapeError(f"{ctx.name}: Resize mode {mode!r} is not one of nearest, linear, cubic")
@@ -477,6 +479,8 @@ class Resize(_ResizeBase):
             raise ShapeError(f"{ctx.name}: Resize needs exactly one of 'scales' and 'sizes' "
                              f"(give the other as an empty name or empty tensor)")
         given = sizes if has_sizes else scales
+        crop = ctx.opset >= 11 and ctx.attr("coordinate_transformation_mode") == "tf_crop_and_resize"
+        has_roi = has_roi and crop
         if given is None or (has_roi and roi is None):
             return None
         given = np.asarray(given).reshape(-1)
@@ -524,7 +528,7 @@ class Upsample(_ResizeBase):
     """Upsample (opset 7: scales attribute, 9: scales input): Resize-10 semantics, scales >= 1."""
 
     @classmethod
-    def resize_params(cls, ctx: OpContext, dtype: np.dtype) -> ResizeParams:
+    def resize_params(cls, ctx: OpContext) -> ResizeParams:
         mode = str(ctx.attr("mode", "nearest"))
         if mode not in ("nearest", "linear", "bilinear"):
             raise ShapeError(f"{ctx.name}: Upsample mode {mode!r} is not one of nearest, linear")
@@ -613,13 +617,15 @@ class GridSample(Kernel):
     def workspace(self) -> int:
         if self.mode == "nearest":
             return 0
-        dtype = self.inputs[0].dtype
-        return carve_size(dtype, self.plane) + (carve_size(self.ct, self.plane, self.plane)
-                                                if self.widen else 0)
+        x = self.inputs[0]
+        acc = (x.shape[0],) + self.plane
+        return carve_size(x.dtype, self.plane) + (carve_size(self.ct, acc, self.plane) if self.widen else 0)
 
     def _taps(self, coord: np.ndarray, d: int) -> list[tuple[np.ndarray, np.ndarray | None, np.ndarray | None]]:
-        """(index, weight, valid) per tap along one spatial axis; weight is None for nearest, valid
-        None unless padding is zeros."""
+        """(index, weight, valid) per tap along one spatial axis of length d.
+
+        The weight is None for nearest sampling; `valid` is None unless padding is zeros.
+        """
         lo, hi = (0.0, d - 1.0) if self.align else (-0.5, d - 0.5)
         if self.mode == "nearest":
             coord = np.rint(coord)
@@ -648,21 +654,16 @@ class GridSample(Kernel):
             taps.append((np.clip(i, 0, d - 1), w, valid))
         return taps
 
-    def run(self, inputs, outputs, workspace):
-        x, grid = inputs[:2]
-        y = outputs[0]
-        if y.size == 0:
-            return
-        n, r = x.shape[0], len(self.dims)
-        c, p = self.plane
-        g = grid.reshape(n, p, r).astype(self.ct, copy=False)
+    def _combos(self, grid: np.ndarray) -> Iterator[tuple[np.ndarray, np.ndarray | None, np.ndarray | None]]:
+        """Per combination of taps over the spatial axes: flat index, weight and validity, all (N, P)."""
+        n, r = grid.shape[0], len(self.dims)
+        g = grid.reshape(n, -1, r).astype(self.ct, copy=False)
         per_axis = []
         for i, d in enumerate(self.dims):
             v = g[..., r - 1 - i]
             coord = (v + 1) / 2 * (d - 1) if self.align else ((v + 1) * d - 1) / 2
             per_axis.append(self._taps(coord, d))
         strides = [numel(self.dims[i + 1:]) for i in range(r)]
-        combos = []
         for combo in itertools.product(*per_axis):
             flat = sum(idx * s for (idx, _, _), s in zip(combo, strides))
             valid = [v for _, _, v in combo if v is not None]
@@ -671,33 +672,37 @@ class GridSample(Kernel):
             weight = np.prod(weights, axis=0) if weights else None
             if weight is not None and mask is not None:
                 weight = np.where(mask, weight, 0).astype(self.ct)
-            combos.append((flat, weight, mask))
+            yield flat, weight, mask
+
+    def run(self, inputs, outputs, workspace):
+        x, grid = inputs[:2]
+        y = outputs[0]
+        if y.size == 0:
+            return
+        n, (c, p) = x.shape[0], self.plane
         xs = x.reshape(n, c, -1)
         ys = y.reshape(n, c, p)
         if self.mode == "nearest":
-            flat, _, mask = combos[0]
+            flat, _, mask = next(self._combos(grid))
             for b in range(n):
                 np.take(xs[b], flat[b], axis=1, out=ys[b])
                 if mask is not None:
                     np.copyto(ys[b], y.dtype.type(0), where=~mask[b])
             return
         gathered = carve(workspace, x.dtype, self.plane)[0]
-        acc, scratch = ys[0], gathered
+        acc, scratch = ys, gathered
         if self.widen:
-            acc, scratch = carve(workspace[carve_size(x.dtype, self.plane):], self.ct,
-                                 self.plane, self.plane)
-        for b in range(n):
-            if not self.widen:
-                acc = ys[b]
-            for j, (flat, weight, _) in enumerate(combos):
+            acc, scratch = carve(workspace[carve_size(x.dtype, self.plane):], self.ct, (n, c, p), self.plane)
+        for j, (flat, weight, _) in enumerate(self._combos(grid)):
+            for b in range(n):
                 np.take(xs[b], flat[b], axis=1, out=gathered)
                 if j == 0:
-                    np.multiply(gathered, weight[b], out=acc)
+                    np.multiply(gathered, weight[b], out=acc[b])
                 else:
                     np.multiply(gathered, weight[b], out=scratch)
-                    np.add(acc, scratch, out=acc)
-            if acc is not ys[b]:
-                store(acc, ys[b])
+                    np.add(acc[b], scratch, out=acc[b])
+        if acc is not ys:
+            store(acc, ys)
 
 
 @register("AffineGrid", since=20)
@@ -792,8 +797,13 @@ class RoiAlign(Kernel):
         self.ratio = int(ctx.attr("sampling_ratio", 0))
         self.spatial_scale = float(ctx.attr("spatial_scale", 1.0))
 
-    def _samples(self, start, length, bins: int, size: int, grid: int):
-        """Per sample along one axis: low/high indices, their weights, validity (bins*grid,)."""
+    @staticmethod
+    def _samples(start: np.floating, length: np.floating, bins: int, size: int,
+                 grid: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Along one axis, for the bins * grid samples: low and high pixel and their weights.
+
+        Samples outside [-1, size] get zero weights, as in the reference.
+        """
         bin_size = length / bins
         pos = (start + np.arange(bins)[:, None] * bin_size
                + (np.arange(grid)[None, :] + 0.5) * bin_size / grid).reshape(-1)
@@ -820,7 +830,7 @@ class RoiAlign(Kernel):
                 rw, rh = max(rw, ft.type(1)), max(rh, ft.type(1))
             gh = self.ratio if self.ratio > 0 else int(np.ceil(rh / self.oh))
             gw = self.ratio if self.ratio > 0 else int(np.ceil(rw / self.ow))
-            if gh * gw <= 0:
+            if gh <= 0 or gw <= 0:
                 y[r] = 0
                 continue
             img = x[int(batch[r])]
