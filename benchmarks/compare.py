@@ -1,0 +1,407 @@
+"""Side-by-side steady-state latency: omrt vs ONNX Runtime (run() and IOBinding), per model.
+
+    python benchmarks/compare.py                                  # the whole suite, 1 and 2 threads
+    python benchmarks/compare.py --models squeezenet,mlp --runs 50 --threads 1 --json out.json --png out.png
+
+The suite: the nine light models the onnx package ships (the ONNX backend tests' input,
+arange(n)/n), an MLP (3 layers, 1024 wide, batch 64, MatMul+Add+Relu) and an image
+preprocessing model over a 1080p uint8 HWC frame (Cast, Sub, Div, Transpose to CHW); when omrt
+registers a Resize kernel the suite also has `preprocess_resize` (the same, then a linear Resize
+to 540x960).
+
+Each model is measured in a subprocess of its own (so one model's memory never weighs on the
+next). In it the model is compiled once, then for each thread count:
+
+- omrt: one session, `zero_copy="auto"`, the input and output buffers bound once, `run()`;
+  BLAS threads set with threadpoolctl `threadpool_limits(n, "blas")`;
+- ORT `run()`: `InferenceSession` with `intra_op_num_threads=n`, `inter_op_num_threads=1`, the CPU
+  provider, the default optimisation level; `sess.run(None, feeds)` (ORT allocates the outputs);
+- ORT IOBinding: the same session, the input bound with `bind_cpu_input`, the output bound to a
+  preallocated numpy buffer with `bind_output(..., buffer_ptr=...)`, `run_with_iobinding`.
+
+All three get the same input array. Warm-up runs come first, then the timed runs go in
+interleaved blocks (omrt, ORT run, ORT IOBinding, omrt, ...) so that any drift in machine load
+falls on all three alike; medians and 90th percentiles are reported, and the ratio omrt/ORT of
+medians, per model and as a geometric mean. A per-variant time budget caps the number of runs
+for slow models (the count actually made is reported). Outputs are checked against ORT's once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+LIGHT = ["bvlc_alexnet", "densenet121", "inception_v1", "inception_v2", "resnet50", "shufflenet",
+         "squeezenet", "vgg19", "zfnet512"]
+SYNTHETIC = ["mlp", "preprocess", "preprocess_resize"]
+VARIANTS = ("omrt", "ort_run", "ort_iobinding")
+
+
+# ---------------------------------------------------------------------------------- the models
+
+def mlp_model(layers: int = 3, width: int = 1024, batch: int = 64):
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    nodes, inits, x = [], [], "x"
+    for i in range(layers):
+        w = (rng.standard_normal((width, width)) / math.sqrt(width)).astype(np.float32)
+        b = (rng.standard_normal(width) * 0.1).astype(np.float32)
+        inits += [numpy_helper.from_array(w, f"W{i}"), numpy_helper.from_array(b, f"b{i}")]
+        nodes += [helper.make_node("MatMul", [x, f"W{i}"], [f"m{i}"]),
+                  helper.make_node("Add", [f"m{i}", f"b{i}"], [f"a{i}"])]
+        x = f"a{i}"
+        if i < layers - 1:
+            nodes.append(helper.make_node("Relu", [x], [f"r{i}"]))
+            x = f"r{i}"
+    nodes[-1].output[0] = "y"
+    g = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, width])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, width])], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def preprocess_model(resize: bool = False, height: int = 1080, width: int = 1920):
+    """uint8 HWC frame -> float32 CHW, normalised with per-channel mean and std (and resized)."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    mean = np.array([0.485, 0.456, 0.406], np.float32).reshape(1, 1, 3) * 255
+    std = np.array([0.229, 0.224, 0.225], np.float32).reshape(1, 1, 3) * 255
+    nodes = [helper.make_node("Cast", ["frame"], ["f"], to=TensorProto.FLOAT),
+             helper.make_node("Sub", ["f", "mean"], ["c"]),
+             helper.make_node("Div", ["c", "std"], ["n"]),
+             helper.make_node("Transpose", ["n"], ["chw" if resize else "out"], perm=[2, 0, 1])]
+    inits = [numpy_helper.from_array(mean, "mean"), numpy_helper.from_array(std, "std")]
+    out_shape = [3, height, width]
+    if resize:
+        out_shape = [3, height // 2, width // 2]
+        inits.append(numpy_helper.from_array(np.array(out_shape, np.int64), "sizes"))
+        nodes.append(helper.make_node("Resize", ["chw", "", "", "sizes"], ["out"], mode="linear"))
+    g = helper.make_graph(nodes, "preprocess",
+                          [helper.make_tensor_value_info("frame", TensorProto.UINT8, [height, width, 3])],
+                          [helper.make_tensor_value_info("out", TensorProto.FLOAT, out_shape)], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
+
+
+def omrt_has(op: str) -> bool:
+    from omrt.kernels import registered_ops
+
+    return any(d == "" and o == op for d, o, _ in registered_ops())
+
+
+def build(name: str, tmp: str) -> str:
+    """Path of the ONNX file for a suite model (written into tmp for the synthetic ones)."""
+    if name in LIGHT:
+        from omrt.demo import light_model
+
+        return light_model(name)[0]
+    if os.path.isfile(name):
+        return name
+    import onnx
+
+    if name == "mlp":
+        proto = mlp_model()
+    elif name == "preprocess":
+        proto = preprocess_model(resize=False)
+    elif name == "preprocess_resize":
+        proto = preprocess_model(resize=True)
+    else:
+        raise SystemExit(f"unknown model {name!r}: choose from {', '.join(LIGHT + SYNTHETIC)} or an .onnx path")
+    path = os.path.join(tmp, f"{name}.onnx")
+    onnx.checker.check_model(proto)
+    onnx.save(proto, path)
+    return path
+
+
+def make_input(shape, dtype):
+    """Light models: arange(n)/n like the backend tests; other float inputs: seeded normal; uint8: noise."""
+    import numpy as np
+
+    shape = tuple(int(d) for d in shape)
+    dtype = np.dtype(dtype)
+    rng = np.random.default_rng(1)
+    if dtype == np.uint8:
+        return rng.integers(0, 256, shape, dtype=np.uint8)
+    if dtype.kind == "f":
+        n = int(np.prod(shape))
+        return (np.arange(n).reshape(shape) / n).astype(dtype)
+    return np.zeros(shape, dtype)
+
+
+# ---------------------------------------------------------------------------------- the worker
+
+def _stats(times: list[float]) -> dict:
+    import numpy as np
+
+    a = np.asarray(times)
+    return {"median_ms": float(np.median(a) * 1e3), "p90_ms": float(np.percentile(a, 90) * 1e3),
+            "min_ms": float(a.min() * 1e3), "runs": len(times)}
+
+
+def measure(name: str, threads: list[int], runs: int, warmup: int, block: int, budget: float) -> dict:
+    """Compile `name`, then time omrt and ORT at each thread count; returns a JSON-able dict."""
+    import numpy as np
+    import onnxruntime as ort
+    from threadpoolctl import threadpool_info, threadpool_limits
+
+    import omrt
+
+    out: dict = {"model": name}
+    with tempfile.TemporaryDirectory() as tmp:
+        if name == "preprocess_resize" and not omrt_has("Resize"):
+            return {**out, "skipped": "omrt has no Resize kernel registered"}
+        src = build(name, tmp)
+        om = os.path.join(tmp, "model.om")
+        try:
+            res = omrt.compile(src, om)
+        except omrt.OmrtError as e:
+            return {**out, "error": f"omrt compile: {type(e).__name__}: {e}"}
+        out["compile_s"] = res.seconds
+        out["om_bytes"] = os.path.getsize(om)
+        model = omrt.load(om)
+        sess = model.session(zero_copy="auto")
+        feeds = {s.name: make_input(s.shape, s.dtype) for s in model.inputs}
+        outs = {s.name: np.empty(tuple(s.shape), s.dtype) for s in model.outputs}
+        for k, v in {**feeds, **outs}.items():
+            sess.bind(k, v)
+        out["inputs"] = {k: [str(v.dtype), list(v.shape)] for k, v in feeds.items()}
+        out["outputs"] = {k: [str(v.dtype), list(v.shape)] for k, v in outs.items()}
+        out["arena_bytes"] = sess.stats.arena_bytes
+        out["lower_bound"] = sess.stats.lower_bound
+        out["threads"] = {}
+
+        for n in threads:
+            so = ort.SessionOptions()
+            so.intra_op_num_threads = n
+            so.inter_op_num_threads = 1
+            t = time.perf_counter()
+            osess = ort.InferenceSession(src, so, providers=["CPUExecutionProvider"])
+            ort_create = time.perf_counter() - t
+            onames = [o.name for o in osess.get_outputs()]
+            io = osess.io_binding()
+            for k, v in feeds.items():
+                io.bind_cpu_input(k, v)
+            ort_outs = {k: np.empty_like(v) for k, v in outs.items()}
+            for k, v in ort_outs.items():
+                io.bind_output(k, "cpu", 0, v.dtype, list(v.shape), v.ctypes.data)
+
+            def run_omrt():
+                sess.run()
+
+            def run_ort():
+                osess.run(onames, feeds)
+
+            def run_iob():
+                osess.run_with_iobinding(io)
+
+            fns = {"omrt": run_omrt, "ort_run": run_ort, "ort_iobinding": run_iob}
+            with threadpool_limits(limits=n, user_api="blas"):
+                blas_threads = sorted({i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"})
+                # correctness, once: omrt's bound output against ORT's
+                sess.run()
+                ref = dict(zip(onames, osess.run(onames, feeds)))
+                check = {}
+                for k, v in outs.items():
+                    diff = float(np.max(np.abs(v.astype(np.float64) - ref[k].astype(np.float64))))
+                    check[k] = {"max_abs_diff": diff, "allclose": bool(np.allclose(v, ref[k], rtol=1e-3, atol=1e-4))}
+                for fn in fns.values():
+                    for _ in range(warmup):
+                        fn()
+                copied0, runs0 = sess.stats.bytes_copied, sess.stats.runs
+                times: dict[str, list[float]] = {k: [] for k in fns}
+                start = time.perf_counter()
+                while len(times["omrt"]) < runs:
+                    todo = min(block, runs - len(times["omrt"]))
+                    for key, fn in fns.items():
+                        ts = times[key]
+                        for _ in range(todo):
+                            t = time.perf_counter()
+                            fn()
+                            ts.append(time.perf_counter() - t)
+                    if time.perf_counter() - start > budget * len(fns) and len(times["omrt"]) >= 5:
+                        break
+                copied = (sess.stats.bytes_copied - copied0) / max(sess.stats.runs - runs0, 1)
+            del io, osess
+            rec = {k: _stats(v) for k, v in times.items()}
+            rec["bytes_copied_per_run"] = copied
+            rec["ort_session_create_s"] = ort_create
+            rec["blas_threads"] = blas_threads
+            rec["check"] = check
+            rec["ratio_vs_run"] = rec["omrt"]["median_ms"] / rec["ort_run"]["median_ms"]
+            rec["ratio_vs_iobinding"] = rec["omrt"]["median_ms"] / rec["ort_iobinding"]["median_ms"]
+            out["threads"][str(n)] = rec
+    return out
+
+
+# ---------------------------------------------------------------------------------- the parent
+
+def geomean(xs: list[float]) -> float:
+    xs = [x for x in xs if x and x > 0 and math.isfinite(x)]
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
+
+
+def spawn(name: str, args: argparse.Namespace) -> dict:
+    cmd = [sys.executable, os.path.abspath(__file__), "--worker", name, "--runs", str(args.runs),
+           "--warmup", str(args.warmup), "--block", str(args.block), "--budget", str(args.budget),
+           "--threads", ",".join(map(str, args.threads))]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        tail = proc.stderr.strip().splitlines()[-1:] or ["(no message)"]
+        return {"model": name, "error": f"worker exit {proc.returncode}: {tail[0]}", "stderr": proc.stderr[-4000:]}
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def table(results: list[dict], threads: list[int]) -> tuple[str, dict]:
+    lines, summary = [], {}
+    for n in threads:
+        lines.append("")
+        lines.append(f"threads = {n}  (latency in ms: median / p90; ratio = omrt median / ORT median)")
+        head = (f"{'model':<18}{'runs':>5}{'omrt':>18}{'ORT run()':>18}{'ORT IOBinding':>18}"
+                f"{'vs run':>8}{'vs iob':>8}{'copied/run':>12}  check")
+        lines.append(head)
+        lines.append("-" * len(head))
+        r_run, r_iob = [], []
+        for res in results:
+            rec = res.get("threads", {}).get(str(n))
+            if rec is None:
+                why = f"error: {res['error']}" if "error" in res else f"skipped: {res.get('skipped', 'no result')}"
+                lines.append(f"{res['model']:<18}  {why}")
+                continue
+
+            def cell(key):
+                return f"{rec[key]['median_ms']:.2f} / {rec[key]['p90_ms']:.2f}"
+
+            ok = all(c["allclose"] for c in rec["check"].values())
+            worst = max(c["max_abs_diff"] for c in rec["check"].values())
+            lines.append(f"{res['model']:<18}{rec['omrt']['runs']:>5}{cell('omrt'):>18}{cell('ort_run'):>18}"
+                         f"{cell('ort_iobinding'):>18}{rec['ratio_vs_run']:>8.2f}{rec['ratio_vs_iobinding']:>8.2f}"
+                         f"{human_bytes(rec['bytes_copied_per_run']):>12}  {'ok' if ok else 'MISMATCH'}"
+                         f" ({worst:.1e})")
+            r_run.append(rec["ratio_vs_run"])
+            r_iob.append(rec["ratio_vs_iobinding"])
+        g_run, g_iob = geomean(r_run), geomean(r_iob)
+        lines.append("-" * len(head))
+        lines.append(f"{'geometric mean':<18}{'':>5}{'':>18}{'':>18}{'':>18}{g_run:>8.2f}{g_iob:>8.2f}"
+                     f"   ({len(r_run)} models)")
+        summary[str(n)] = {"geomean_vs_run": g_run, "geomean_vs_iobinding": g_iob, "models": len(r_run)}
+    return "\n".join(lines), summary
+
+
+def chart(results: list[dict], threads: list[int], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [r["model"] for r in results if "threads" in r]
+    fig, ax = plt.subplots(figsize=(max(8, 0.9 * len(names) + 2), 4.5))
+    width = 0.8 / (2 * len(threads))
+    k = 0
+    for n in threads:
+        for key, label in (("ratio_vs_run", "vs ORT run()"), ("ratio_vs_iobinding", "vs ORT IOBinding")):
+            ys = [r["threads"][str(n)][key] if str(n) in r["threads"] else float("nan")
+                  for r in results if "threads" in r]
+            xs = [i + (k - (2 * len(threads) - 1) / 2) * width for i in range(len(names))]
+            ax.bar(xs, ys, width, label=f"{label}, {n} thread{'s' if n > 1 else ''}")
+            k += 1
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_xticks(range(len(names)))
+    ax.set_xticklabels(names, rotation=30, ha="right")
+    ax.set_ylabel("omrt median latency / ORT median latency")
+    ax.set_title("omrt vs ONNX Runtime (below 1: omrt faster)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def default_models() -> list[str]:
+    names = LIGHT + ["mlp", "preprocess"]
+    try:
+        if omrt_has("Resize"):
+            names.append("preprocess_resize")
+    except Exception:  # noqa: BLE001 - the suite without it is still a suite
+        pass
+    return names
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", help=f"comma-separated, from {', '.join(LIGHT + SYNTHETIC)} or .onnx paths "
+                    "(default: the whole suite)")
+    ap.add_argument("--runs", type=int, default=50, help="timed runs per variant and thread count (default 50)")
+    ap.add_argument("--warmup", type=int, default=None, help="warm-up runs per variant (default min(5, runs))")
+    ap.add_argument("--threads", default="1,2", help="comma-separated thread counts (default 1,2)")
+    ap.add_argument("--block", type=int, default=5, help="runs per variant in each interleaved block (default 5)")
+    ap.add_argument("--budget", type=float, default=20.0,
+                    help="seconds per variant and thread count after which a slow model stops early "
+                         "(at least 5 runs are made; default 20)")
+    ap.add_argument("--json", metavar="FILE", help="write every figure here")
+    ap.add_argument("--png", metavar="FILE", help="draw the ratios here")
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    args.threads = [int(t) for t in str(args.threads).split(",") if t.strip()]
+    if args.warmup is None:
+        args.warmup = min(5, args.runs)
+
+    if args.worker:
+        print(json.dumps(measure(args.worker, args.threads, args.runs, args.warmup, args.block, args.budget)))
+        return 0
+
+    models = [m.strip() for m in args.models.split(",") if m.strip()] if args.models else default_models()
+    print(f"omrt vs ONNX Runtime: {len(models)} models, threads {args.threads}, {args.runs} timed runs "
+          f"(budget {args.budget:g} s per variant), {args.warmup} warm-up runs, blocks of {args.block}")
+    results = []
+    for name in models:
+        t = time.perf_counter()
+        res = spawn(name, args)
+        results.append(res)
+        if "error" in res or "skipped" in res:
+            print(f"  {name}: {'ERROR ' + res['error'] if 'error' in res else 'skipped: ' + res['skipped']}",
+                  flush=True)
+            continue
+        parts = [f"{n}t omrt {res['threads'][str(n)]['omrt']['median_ms']:.2f} ms / ORT "
+                 f"{res['threads'][str(n)]['ort_run']['median_ms']:.2f} ms" for n in args.threads]
+        print(f"  {name}: compiled in {res['compile_s']:.2f} s; {'; '.join(parts)} "
+              f"({time.perf_counter() - t:.0f} s)", flush=True)
+    text, summary = table(results, args.threads)
+    print(text)
+    failed = [r["model"] for r in results if "error" in r]
+    mismatched = sorted({r["model"] for r in results for rec in r.get("threads", {}).values()
+                         if not all(c["allclose"] for c in rec["check"].values())})
+    if failed:
+        print(f"\nfailed: {', '.join(failed)}")
+    if mismatched:
+        print(f"outputs differ from ORT's (rtol 1e-3, atol 1e-4): {', '.join(mismatched)}")
+    if args.json:
+        import platform
+
+        doc = {"args": {k: v for k, v in vars(args).items() if k not in ("worker", "json", "png")},
+               "python": platform.python_version(), "cpus": os.cpu_count(), "results": results,
+               "summary": summary}
+        with open(args.json, "w") as f:
+            json.dump(doc, f, indent=1)
+        print(f"wrote {args.json}")
+    if args.png:
+        chart(results, args.threads, args.png)
+        print(f"wrote {args.png}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
