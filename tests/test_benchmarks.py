@@ -1,0 +1,32 @@
+"""The benchmark scripts run end to end (tiny run counts, no timing assertions)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("onnxruntime")
+pytest.importorskip("threadpoolctl")
+
+BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
+
+
+def test_compare_runs_on_squeezenet(tmp_path):
+    out = tmp_path / "compare.json"
+    proc = subprocess.run([sys.executable, os.path.join(BENCH, "compare.py"), "--models", "squeezenet",
+                           "--runs", "2", "--warmup", "1", "--threads", "1", "--json", str(out)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "squeezenet" in proc.stdout and "geometric mean" in proc.stdout
+    doc = json.loads(out.read_text())
+    (res,) = doc["results"]
+    rec = res["threads"]["1"]
+    for variant in ("omrt", "ort_run", "ort_iobinding"):
+        assert rec[variant]["runs"] == 2 and rec[variant]["median_ms"] > 0
+    assert rec["ratio_vs_run"] > 0 and rec["ratio_vs_iobinding"] > 0
+    assert "bytes_copied_per_run" in rec and rec["check"]
+    assert doc["summary"]["1"]["models"] == 1
