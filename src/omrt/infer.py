@@ -19,7 +19,7 @@ from .kernels.base import Kernel, fresh_dim
 
 def context(node: Node, graph: Graph) -> OpContext:
     """The OpContext a node's kernel sees."""
-    return OpContext(node.attrs, graph.opset(node.domain), node.label, node.op_type)
+    return OpContext(node.attrs, graph.opset(node.domain), node.label, node.op_type, len(node.outputs))
 
 
 def execute(cls: type[Kernel], ctx: OpContext, arrays: Sequence[np.ndarray | None],

@@ -25,7 +25,8 @@ class OpContext:
     opset: int
     name: str = ""
     op_type: str = ""
-    subgraph_runner: Any = None  # set by the executor for ops with graph attributes
+    n_outputs: int = 1
+    """How many outputs the node declares (absent optional ones included)."""
 
     def attr(self, key: str, default: Any = None) -> Any:
         return self.attrs.get(key, default)

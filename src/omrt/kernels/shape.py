@@ -634,8 +634,8 @@ class Tile(Kernel):
 class Split(Kernel):
     """Cut along `axis` into parts of the given sizes, or into equal parts (the last one smaller).
 
-    The number of parts without sizes comes from `num_outputs` (an attribute from opset 18; the
-    compiler sets it from the node's outputs before).
+    The number of parts without sizes comes from `num_outputs` (an attribute from opset 18),
+    else from the node's number of outputs.
     """
 
     @classmethod
@@ -659,11 +659,7 @@ class Split(Kernel):
                 raise ShapeError(f"{ctx.name}: Split sizes {split} sum to {sum(split)}, the axis "
                                  f"has {dim}; make them add up")
             return list(split)
-        n = ctx.attrs.get("num_outputs")
-        if n is None:
-            raise ShapeError(f"{ctx.name}: Split without sizes needs the number of outputs "
-                             f"(attribute num_outputs)")
-        n = int(n)
+        n = int(ctx.attrs.get("num_outputs", ctx.n_outputs))
         if not isinstance(dim, int):
             return [None] * n
         part = -(-dim // n)
