@@ -231,3 +231,16 @@ def test_lpnorm_float16_and_bad_p():
 def test_rmsnorm(axis, scale_shape):
     check("RMSNormalization", [randn(2, 3, 4, 5), randn(*scale_shape)], {"axis": axis}, opset=23,
           atol=1e-5)
+
+
+@pytest.mark.parametrize("op,inputs,attrs", [
+    ("BatchNormalization", [randn(2, 3, 4), randn(4), randn(3), randn(3), randn(3)], {}),
+    ("InstanceNormalization", [randn(2, 3, 4), randn(3, 1), randn(3)], {}),
+    ("GroupNormalization", [randn(2, 6, 4), randn(6), randn(6)], {"num_groups": 3}),
+    ("LayerNormalization", [randn(2, 3, 4), randn(3, 4, 1)], {}),
+    ("LayerNormalization", [randn(2, 3, 4), randn(5)], {}),
+])
+def test_parameter_shapes_are_checked(op, inputs, attrs):
+    opset = 18 if op == "GroupNormalization" else 17
+    with pytest.raises(ShapeError, match="shape"):
+        run_kernel(op, inputs, attrs, opset=opset)

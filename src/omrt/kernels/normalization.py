@@ -7,7 +7,7 @@ from typing import Sequence
 import numpy as np
 
 from ..errors import ShapeError
-from .base import Kernel, OpContext, Shape, TensorInfo, normalize_axis, numel, register
+from .base import Dim, Kernel, OpContext, Shape, TensorInfo, broadcast_shapes, normalize_axis, numel, register
 
 _STASH_TYPES = {1: np.dtype(np.float32), 10: np.dtype(np.float16), 11: np.dtype(np.float64)}
 
@@ -85,9 +85,21 @@ class _SameShape(Kernel):
     min_rank = 0
 
     @classmethod
+    def param_length(cls, ctx: OpContext, x: TensorInfo) -> Dim:
+        """The length of the 1-D parameter inputs (scale, bias, ...), or None when they are not vectors."""
+        return None
+
+    @classmethod
     def infer(cls, ctx: OpContext, inputs: Sequence[TensorInfo | None]) -> list[TensorInfo]:
         x = inputs[0]
         _require_float(ctx, x, cls.min_rank)
+        n = cls.param_length(ctx, x)
+        for i, p in enumerate(inputs[1:], 1):
+            if n is None or p is None:
+                continue
+            if p.rank != 1 or (isinstance(n, int) and isinstance(p.shape[0], int) and p.shape[0] != n):
+                raise ShapeError(f"{ctx.name}: input {i} of {ctx.op_type} must be a vector of {n} values "
+                                 f"(for X of shape {x.shape}), got shape {p.shape}")
         return [TensorInfo(x.dtype, x.shape)]
 
 
@@ -109,6 +121,10 @@ class BatchNormalization(_SameShape):
 
     inplace = {0: 0}
     min_rank = 2
+
+    @classmethod
+    def param_length(cls, ctx: OpContext, x: TensorInfo) -> Dim:
+        return x.shape[1]
 
     @classmethod
     def infer(cls, ctx: OpContext, inputs: Sequence[TensorInfo | None]) -> list[TensorInfo]:
@@ -268,6 +284,11 @@ class _LastAxes(_Standardizing):
         x = inputs[0]
         _require_float(ctx, x, 1)
         axis = normalize_axis(int(ctx.attr("axis", -1)), x.rank, ctx.name)
+        for p in inputs[1:]:
+            if p is not None and (p.rank > x.rank or broadcast_shapes(x.shape, p.shape, name=ctx.name)
+                                  != tuple(x.shape)):
+                raise ShapeError(f"{ctx.name}: {ctx.op_type} Scale/B of shape {p.shape} must broadcast "
+                                 f"to X of shape {x.shape} without growing it")
         stat_shape: Shape = x.shape[:axis] + (1,) * (x.rank - axis)
         stash = _stash(ctx)
         return [TensorInfo(x.dtype, x.shape), TensorInfo(stash, stat_shape), TensorInfo(stash, stat_shape)]
@@ -315,6 +336,10 @@ class InstanceNormalization(_Standardizing):
 
     min_rank = 2
 
+    @classmethod
+    def param_length(cls, ctx: OpContext, x: TensorInfo) -> Dim:
+        return x.shape[1]
+
     def __init__(self, ctx: OpContext, inputs: Sequence[TensorInfo | None],
                  outputs: Sequence[TensorInfo]) -> None:
         super().__init__(ctx, inputs, outputs)
@@ -331,6 +356,10 @@ class GroupNormalization(_Standardizing):
 
     min_rank = 2
     per_channel = False
+
+    @classmethod
+    def param_length(cls, ctx: OpContext, x: TensorInfo) -> Dim:
+        return x.shape[1] if cls.per_channel else int(ctx.attr("num_groups", 0))
 
     @staticmethod
     def stash_dtype(ctx: OpContext, dtype: np.dtype) -> np.dtype:

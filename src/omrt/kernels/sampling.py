@@ -569,6 +569,10 @@ def reflect(x: np.ndarray, lo: float, hi: float) -> np.ndarray:
     return np.where(below, inside_low, np.where(x > hi, inside_high, x))
 
 
+_Tap = tuple[np.ndarray, np.ndarray | None, np.ndarray | None]
+"""(index, weight or None, validity mask or None) of one sampling tap."""
+
+
 @register("GridSample", since=16)
 class GridSample(Kernel):
     """Sample X at the normalized positions of `grid` (x, y, ... order, i.e. last spatial axis first).
@@ -621,7 +625,7 @@ class GridSample(Kernel):
         acc = (x.shape[0],) + self.plane
         return carve_size(x.dtype, self.plane) + (carve_size(self.ct, acc, self.plane) if self.widen else 0)
 
-    def _taps(self, coord: np.ndarray, d: int) -> list[tuple[np.ndarray, np.ndarray | None, np.ndarray | None]]:
+    def _taps(self, coord: np.ndarray, d: int) -> list[_Tap]:
         """(index, weight, valid) per tap along one spatial axis of length d.
 
         The weight is None for nearest sampling; `valid` is None unless padding is zeros.
@@ -654,7 +658,7 @@ class GridSample(Kernel):
             taps.append((np.clip(i, 0, d - 1), w, valid))
         return taps
 
-    def _combos(self, grid: np.ndarray) -> Iterator[tuple[np.ndarray, np.ndarray | None, np.ndarray | None]]:
+    def _combos(self, grid: np.ndarray) -> Iterator[_Tap]:
         """Per combination of taps over the spatial axes: flat index, weight and validity, all (N, P)."""
         n, r = grid.shape[0], len(self.dims)
         g = grid.reshape(n, -1, r).astype(self.ct, copy=False)
