@@ -102,8 +102,8 @@ def test_quantize_and_dequantize_4bit(dtype):
     x = floats((4, 6), scale=5.0)
     q = run_kernel("QuantizeLinear", [x, scalar(0.5, np.float32), np.zeros((), dtype)])[0]
     assert q.dtype == dtype
-    assert q.astype(np.int32).min() >= (-8 if dtype == ml_dtypes.int4 else 0)
-    want = np.clip(np.rint(x / 0.5), -8 if dtype == ml_dtypes.int4 else 0, 7 if dtype == ml_dtypes.int4 else 15)
+    low, high = (-8, 7) if dtype == ml_dtypes.int4 else (0, 15)
+    want = np.clip(np.rint(x / 0.5), low, high)
     np.testing.assert_array_equal(q.astype(np.float32), want)
     y = run_kernel("DequantizeLinear", [q, scalar(0.5, np.float32), np.zeros((), dtype)])[0]
     np.testing.assert_array_equal(y, want * 0.5)
@@ -197,10 +197,11 @@ def test_dynamic_quantize_empty():
     assert y.shape == (0, 2) and zp == 0 and scale > 0
 
 
-# ----------------------------------------------------------------------------- MatMulInteger, QLinearMatMul
+# ----------------------------------------------------------------------------- integer MatMul
 
-@pytest.mark.parametrize("a_shape,b_shape", [((3, 4), (4, 5)), ((2, 3, 4), (4, 5)), ((2, 1, 3, 4), (3, 4, 2)),
-                                             ((4,), (4, 3)), ((2, 4), (4,)), ((0, 4), (4, 2))])
+@pytest.mark.parametrize("a_shape,b_shape", [((3, 4), (4, 5)), ((2, 3, 4), (4, 5)),
+                                             ((2, 1, 3, 4), (3, 4, 2)), ((4,), (4, 3)), ((2, 4), (4,)),
+                                             ((0, 4), (4, 2))])
 def test_matmul_integer(a_shape, b_shape):
     a, b = ints(a_shape, np.uint8), ints(b_shape, np.int8)
     check("MatMulInteger", [a, b, scalar(12, np.uint8), scalar(-3, np.int8)])
@@ -281,8 +282,8 @@ def test_qlinear_conv(x_shape, w_shape, attrs, dtype):
     x, w = ints(x_shape, dtype), ints(w_shape, np.int8)
     m = w_shape[0]
     bias = rng.integers(-1000, 1000, m).astype(np.int32)
-    args = [x, scalar(0.03, np.float32), ints((), dtype), w, scalar(0.01, np.float32), scalar(0, np.int8),
-            scalar(0.5, np.float32), ints((), dtype)]
+    args = [x, scalar(0.03, np.float32), ints((), dtype), w, scalar(0.01, np.float32),
+            scalar(0, np.int8), scalar(0.5, np.float32), ints((), dtype)]
     check("QLinearConv", args, attrs)
     check("QLinearConv", args + [bias], attrs)
 
@@ -298,3 +299,8 @@ def test_qlinear_conv_per_channel_weights():
 def test_conv_integer_rejects_channel_mismatch():
     with pytest.raises(ShapeError, match="channels"):
         run_kernel("ConvInteger", [ints((1, 3, 5, 5), np.uint8), ints((2, 2, 3, 3), np.uint8)])
+
+
+def test_conv_integer_empty_batch():
+    got = run_kernel("ConvInteger", [np.zeros((0, 2, 4, 4), np.uint8), ints((3, 2, 3, 3), np.uint8)])[0]
+    assert got.shape == (0, 3, 2, 2)

@@ -76,7 +76,8 @@ def compare_ort(op, inputs, attrs, rtol=1e-4, atol=1e-5):
 def test_directions_and_layouts(op, direction, layout):
     dirs = 2 if direction == "bidirectional" else 1
     ins = make_inputs(op, dirs=dirs, layout=layout)
-    check(op, ins, attrs_for(direction, layout=layout), opset=14, n_outputs=n_out(op), rtol=1e-4, atol=1e-5)
+    check(op, ins, attrs_for(direction, layout=layout), opset=14, n_outputs=n_out(op),
+          rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("op", ["RNN", "GRU", "LSTM"])
@@ -180,3 +181,8 @@ def test_errors():
         run_kernel("RNN", make_inputs("RNN"), attrs_for("forward", activations=["Gelu"]))
     with pytest.raises(ShapeError, match="rows"):
         run_kernel("LSTM", make_inputs("LSTM"), attrs_for("forward", hidden=5))
+
+
+def test_empty_batch():
+    y, yh = run_kernel("GRU", make_inputs("GRU", batch=0), attrs_for("forward"))
+    assert y.shape == (4, 1, 0, 4) and yh.shape == (1, 0, 4)

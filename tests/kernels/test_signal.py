@@ -62,7 +62,8 @@ def test_onesided_complex_input_keeps_first_bins():
 def test_dft_dtypes(dtype, rtol):
     x = signal((2, 6, 2), dtype)
     check("DFT", [x], {"axis": 1}, opset=17, rtol=rtol, atol=rtol)
-    check("DFT", [signal((2, 6, 1), dtype), None, i64(1)], {"onesided": 1}, opset=20, rtol=rtol, atol=rtol)
+    check("DFT", [signal((2, 6, 1), dtype), None, i64(1)], {"onesided": 1}, opset=20,
+          rtol=rtol, atol=rtol)
     check("DFT", [x, i64(10), i64(1)], {"onesided": 1, "inverse": 1}, opset=20, rtol=rtol, atol=rtol)
 
 
@@ -180,3 +181,8 @@ def test_stft_frame_length_known_only_at_run_time():
     frames = np.stack([x[:, i:i + 8, 0] for i in range(0, 13, 4)], axis=1)
     want = np.fft.rfft(frames, axis=-1)
     np.testing.assert_allclose(out[..., 0] + 1j * out[..., 1], want, rtol=1e-4, atol=1e-5)
+
+
+def test_empty_batch():
+    assert run_kernel("DFT", [signal((0, 4, 1)), None, i64(1)], opset=20)[0].shape == (0, 4, 2)
+    assert run_kernel("STFT", [signal((0, 16, 1)), i64(4), np.ones(4, np.float32)])[0].shape == (0, 4, 3, 2)

@@ -37,8 +37,8 @@ class NonMaxSuppression(Kernel):
         for i, j in ((0, 0), (1, 2)):
             a, b = boxes.shape[i], scores.shape[j]
             if isinstance(a, int) and isinstance(b, int) and a != b:
-                raise ShapeError(f"{ctx.name}: boxes {boxes.shape} and scores {scores.shape} disagree on "
-                                 f"the number of {'batches' if i == 0 else 'boxes'}")
+                raise ShapeError(f"{ctx.name}: boxes {boxes.shape} and scores {scores.shape} disagree "
+                                 f"on the number of {'batches' if i == 0 else 'boxes'}")
         return [TensorInfo(np.dtype(np.int64), (None, 3))]
 
     def _corners(self, boxes: np.ndarray) -> tuple[np.ndarray, ...]:
@@ -65,7 +65,8 @@ class NonMaxSuppression(Kernel):
             for b in range(scores.shape[0]):
                 corners = (y0[b], x0[b], y1[b], x1[b])
                 for c in range(scores.shape[1]):
-                    keep = _select(scores[b, c], corners, areas[b], limit, iou_threshold, score_threshold)
+                    keep = _select(scores[b, c], corners, areas[b], limit, iou_threshold,
+                                   score_threshold)
                     selected.extend((b, c, int(i)) for i in keep)
         return [np.array(selected, np.int64).reshape(-1, 3)]
 
@@ -86,7 +87,8 @@ def _select(scores: np.ndarray, corners: tuple[np.ndarray, ...], areas: np.ndarr
         width = np.minimum(x1[rest], x1[best]) - np.maximum(x0[rest], x0[best])
         inter = width * height
         union = areas[rest] + areas[best] - inter
-        overlap = (width > 0) & (height > 0) & (inter > 0) & (areas[rest] > 0) & (areas[best] > 0) & (union > 0)
+        overlap = ((width > 0) & (height > 0) & (inter > 0) & (areas[rest] > 0) & (areas[best] > 0)
+                   & (union > 0))
         iou = np.divide(inter, union, out=np.zeros_like(inter), where=overlap)
         order = rest[~(overlap & (iou > iou_threshold))]
     return keep

@@ -30,7 +30,8 @@ _ONNX_DTYPES = {
 
 _NARROW_INT_RANGES = {"int4": (-8, 7), "uint4": (0, 15), "int2": (-2, 1), "uint2": (0, 3)}
 _FLOAT_MAX = {"float8_e4m3fn": 448.0, "float8_e4m3fnuz": 240.0, "float8_e5m2": 57344.0,
-              "float8_e5m2fnuz": 57344.0, "float4_e2m1fn": 6.0, "float6_e2m3fn": 7.5, "float6_e3m2fn": 28.0}
+              "float8_e5m2fnuz": 57344.0, "float4_e2m1fn": 6.0, "float6_e2m3fn": 7.5,
+              "float6_e3m2fn": 28.0}
 
 
 def onnx_dtype(code: int, name: str = "") -> np.dtype:
@@ -121,18 +122,21 @@ class _Granularity:
         if len(s) == 1 and not self.block:
             self.mode = "axis"
             if rank == 0 or not _agree(s[0], x[self.axis]):
-                raise ShapeError(f"{ctx.name}: a 1-D scale of {s[0]} elements needs x's axis {self.axis} "
-                                 f"to have that size, x has shape {x}; set `axis` to the quantized dim")
+                raise ShapeError(f"{ctx.name}: a 1-D scale of {s[0]} elements needs x's axis "
+                                 f"{self.axis} to have that size, x has shape {x}; set `axis` to the "
+                                 f"quantized dim")
         elif len(s) == rank and self.block > 0:
             self.mode = "block"
             for i, (dx, ds) in enumerate(zip(x, s)):
                 want = -(-dx // self.block) if i == self.axis and isinstance(dx, int) else dx
                 if not _agree(want, ds):
                     raise ShapeError(f"{ctx.name}: blocked scale shape {s} does not fit x {x} with "
-                                     f"block_size {self.block} on axis {self.axis}; dim {i} must be {want}")
+                                     f"block_size {self.block} on axis {self.axis}; dim {i} must be "
+                                     f"{want}")
         else:
-            raise ShapeError(f"{ctx.name}: scale shape {s} fits none of per-tensor (a scalar), per-axis "
-                             f"(1-D, length of x's axis) or blocked (x's rank, block_size > 0) for x {x}")
+            raise ShapeError(f"{ctx.name}: scale shape {s} fits none of per-tensor (a scalar), "
+                             f"per-axis (1-D, length of x's axis) or blocked (x's rank, block_size > 0) "
+                             f"for x {x}")
 
     def _three(self, a: np.ndarray) -> np.ndarray:
         """`a` as (before axis, axis, after axis)."""
@@ -229,7 +233,7 @@ class QuantizeLinear(Kernel):
 
 @register("DequantizeLinear", since=10)
 class DequantizeLinear(Kernel):
-    """y = (x - x_zero_point) * x_scale in float32, per tensor, per axis or blocked; float8 has no zero point."""
+    """y = (x - x_zero_point) * x_scale in float32, per tensor, axis or block (float8: no zero point)."""
 
     @classmethod
     def infer(cls, ctx: OpContext, inputs: Sequence[TensorInfo | None]) -> list[TensorInfo]:
@@ -275,7 +279,8 @@ class DynamicQuantizeLinear(Kernel):
     def infer(cls, ctx: OpContext, inputs: Sequence[TensorInfo | None]) -> list[TensorInfo]:
         x = inputs[0]
         if x.dtype != np.float32:
-            raise ShapeError(f"{ctx.name}: DynamicQuantizeLinear takes float32, got {x.dtype}; cast first")
+            raise ShapeError(f"{ctx.name}: DynamicQuantizeLinear takes float32, got {x.dtype}; "
+                             f"cast first")
         return [TensorInfo(np.dtype(np.uint8), x.shape), TensorInfo(np.dtype(np.float32), ()),
                 TensorInfo(np.dtype(np.uint8), ())]
 
@@ -435,7 +440,8 @@ class _ConvGeometry:
             out = (size + self.begin[i] + self.end[i] - span) // s + 1
             if out < 1:
                 raise ShapeError(f"{ctx.name}: spatial dim {i} of size {size} is smaller than the "
-                                 f"dilated kernel {span} after padding; pad more or use a smaller kernel")
+                                 f"dilated kernel {span} after padding; pad more or use a smaller "
+                                 f"kernel")
             self.out.append(out)
 
     def output_shape(self, x: Shape, w: Shape) -> Shape:
@@ -453,7 +459,7 @@ class _ConvGeometry:
         self.interior = (slice(None), *(slice(b, b + n) for b, n in zip(self.begin, x[2:])))
 
     def im2col(self, padded: np.ndarray, cols: np.ndarray) -> None:
-        """Gather every kernel tap of every output position: cols[c, k.., out..] = padded[c, o*s + k*d]."""
+        """Gather every kernel tap at every output position: cols[c, k.., o..] = padded[c, o*s + k*d]."""
         item = padded.strides
         shape = (padded.shape[0], *self.kernel, *self.out)
         strides = (item[0], *(st * d for st, d in zip(item[1:], self.dilations)),
@@ -532,7 +538,7 @@ class ConvInteger(_IntegerConv):
 
 @register("QLinearConv", since=10)
 class QLinearConv(_IntegerConv):
-    """y = saturate(round((conv + B) * x_scale * w_scale / y_scale) + y_zp); w_scale may be per channel."""
+    """y = saturate(round((conv + B) * x_scale * w_scale / y_scale) + y_zp); per-channel w_scale too."""
 
     slots = (0, 3, 2, 5)
 

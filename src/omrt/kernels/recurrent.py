@@ -72,7 +72,9 @@ def _softplus(x: np.ndarray, alpha: float, beta: float) -> None:
     np.logaddexp(x, 0, out=x)
 
 
-_ACTIVATIONS: dict[str, tuple[Callable[[np.ndarray, float, float], None], float | None, float | None]] = {
+_Fn = Callable[[np.ndarray, float, float], None]
+
+_ACTIVATIONS: dict[str, tuple[_Fn, float | None, float | None]] = {
     "relu": (_relu, None, None),
     "tanh": (_tanh, None, None),
     "sigmoid": (_sigmoid, None, None),
@@ -127,7 +129,8 @@ class _Recurrent(Kernel):
         x, w, r = inputs[0], inputs[1], inputs[2]
         direction = ctx.attr("direction", "forward")
         if direction not in ("forward", "reverse", "bidirectional"):
-            raise ShapeError(f"{ctx.name}: direction {direction!r} must be forward, reverse or bidirectional")
+            raise ShapeError(f"{ctx.name}: direction {direction!r} must be forward, reverse or "
+                             f"bidirectional")
         dirs = 2 if direction == "bidirectional" else 1
         hidden = ctx.attr("hidden_size") or r.shape[-1]
         if x.rank != 3 or w.rank != 3 or r.rank != 3:
@@ -158,7 +161,8 @@ class _Recurrent(Kernel):
         super().__init__(ctx, inputs, outputs)
         self.dirs, seq, batch, self.hidden = self._dims(ctx, inputs)
         self.layout = int(ctx.attr("layout", 0))
-        self.backward = [d == 1 or ctx.attr("direction", "forward") == "reverse" for d in range(self.dirs)]
+        reverse = ctx.attr("direction", "forward") == "reverse"
+        self.backward = [d == 1 or reverse for d in range(self.dirs)]
         clip = ctx.attr("clip")
         self.clip = None if clip is None else float(clip)
         names = list(ctx.attr("activations") or self.default_activations * self.dirs)

@@ -109,8 +109,8 @@ class _DFT(Kernel):
         if axis is None:
             return None
         if not (-rank <= axis <= -2 or 0 <= axis <= rank - 2):
-            raise ShapeError(f"{ctx.name}: DFT axis {axis} is out of [-{rank}, -2] U [0, {rank - 2}] for "
-                             f"an input of rank {rank}; the last dim holds (real, imaginary)")
+            raise ShapeError(f"{ctx.name}: DFT axis {axis} is out of [-{rank}, -2] U [0, {rank - 2}] "
+                             f"for an input of rank {rank}; the last dim holds (real, imaginary)")
         return axis % rank
 
     @staticmethod
@@ -272,7 +272,9 @@ class STFT(Kernel):
                                  (x.strides[0], x.strides[1] * step, x.strides[1], x.strides[2]),
                                  writeable=False)
         real = x.shape[-1] == 1
-        parts = [(weighted.real, frames_view[..., 0])] + ([] if real else [(weighted.imag, frames_view[..., 1])])
+        parts = [(weighted.real, frames_view[..., 0])]
+        if not real:
+            parts.append((weighted.imag, frames_view[..., 1]))
         for dst, src in parts:
             if window is None:
                 np.copyto(dst, src, casting="unsafe")
