@@ -54,11 +54,11 @@ _KIND_NAMES = {"f": "float", "i": "signed integer", "u": "unsigned integer", "b"
                "S": "string"}
 
 
-def _check_kind(ctx: OpContext, info: TensorInfo, kinds: str, index: int = 0) -> None:
+def _check_kind(ctx: OpContext, info: TensorInfo, kinds: str) -> None:
     if _kind(info.dtype) not in kinds:
         allowed = ", ".join(_KIND_NAMES[k] for k in kinds)
-        raise ShapeError(f"{ctx.name}: {ctx.op_type} input {index} has dtype {info.dtype}, but the "
-                         f"operator takes only {allowed} tensors; insert a Cast")
+        raise ShapeError(f"{ctx.name}: {ctx.op_type} got a {info.dtype} tensor, but the operator "
+                         f"takes only {allowed} tensors there; insert a Cast")
 
 
 def _check_same_dtype(ctx: OpContext, infos: Sequence[TensorInfo]) -> None:
@@ -153,13 +153,6 @@ for _name, _fn, _since in (("Sin", np.sin, 7), ("Cos", np.cos, 7), ("Tan", np.ta
                            ("Sinh", np.sinh, 9), ("Cosh", np.cosh, 9), ("Asinh", np.arcsinh, 9),
                            ("Acosh", np.arccosh, 9), ("Atanh", np.arctanh, 9)):
     unary(_name, _quiet(_fn), since=_since, kinds=FLOAT)
-
-
-def _softplus(x: np.ndarray, out: np.ndarray) -> None:
-    np.logaddexp(x, x.dtype.type(0), out=out)
-
-
-unary("Softplus", _softplus, kinds=FLOAT)
 
 
 @register("IsInf", since=10)
@@ -270,35 +263,32 @@ class LeakyRelu(Pointwise):
         (np.fmax if self.alpha <= 1 else np.fmin)(x, t, out=out)
 
 
-# erf(x) = x * A(x^2) for |x| < 1.5, else sign(x) * (1 - erfc(|x|)) with
-# erfc(x) = exp(-x^2) * s * B(3 * s - 1), s = 1 / x in (0, 2/3]. A and B are Chebyshev
-# interpolants of erf(sqrt t) / sqrt t and of x * exp(x^2) * erfc(x) (a smooth function of 1/x,
-# 1/sqrt(pi) at 0) converted to monomials. Evaluated in float64, the "single" pair makes erf
-# faithful (<= 1 ulp) in float32 and erfc accurate to 3e-8 relative; the "double" pair gives 1e-15
-# and 1e-13.
+# Two erf approximations, both evaluated in float64. For outputs of float32 precision or less:
+# x * P(x^2) / Q(x^2) on x clamped to [-4, 4] (erf is +-1 in float32 beyond), a rational fit
+# within 1.4e-8 relative, so results are faithful (<= 1 ulp) in float32. For float64: x * A(x^2)
+# for |x| < 1.5, else sign(x) * (1 - erfc(|x|)) with erfc(x) = exp(-x^2) * s * B(3 * s - 1),
+# s = 1 / x in (0, 2/3]; A and B are Chebyshev interpolants of erf(sqrt t) / sqrt t and of
+# x * exp(x^2) * erfc(x) (a smooth function of 1/x, 1/sqrt(pi) at 0) converted to monomials,
+# within 1e-15 relative for erf and 1e-13 for erfc.
+_ERF_P = (1.1283791693677045, 0.18520512300707326, 0.05431606699216943, 0.003849541916545577,
+          0.0003795623237531228, 4.683520902105966e-06, -1.3195994205422924e-08)
+_ERF_Q = (1.0, 0.497467180348835, 0.11395823062466869, 0.015461794953981022,
+          0.001307492195293967, 6.309854583868634e-05)
 _ERF_SMALL = 1.5
-_ERF_SINGLE = ((
-    1.1283791663354452, -0.376126334232965, 0.11283726278326812, -0.0268631475215238,
-    0.00521691926845622, -0.0008454627415486682, 0.00011309676190128002, -1.1328873788965468e-05,
-    6.205873148565223e-07,
-), (
-    0.5370034535441696, -0.04765311290802519, -0.01281917638744986, 0.007247383102541376,
-    -0.001267509282992437, -0.0003972909127239823, 0.00038168563432947, -0.00013267239015596027,
-    -3.644627535729632e-06, 2.9965329789467736e-05, -1.0957806544283169e-05,
-))
-_ERF_DOUBLE = ((
+_ERF_A = (
     1.1283791670955123, -0.3761263890318455, 0.11283791671006917, -0.02686617065154504,
     0.00522397766229043, -0.0008548328241391942, 0.00012055358663715973, -1.4926015858138423e-05,
     1.6465727136262964e-06, -1.639082589955567e-07, 1.4926106839252177e-08, -1.265941453673093e-09,
     1.005283633812805e-10, -6.835525513202979e-12, 2.8087451529198067e-13,
-), (
+)
+_ERF_B = (
     0.5370034535441698, -0.04765311347930525, -0.012819205268478934, 0.007247415165453648,
     -0.0012669390354550715, -0.0003977677130752162, 0.00037860069213909494, -0.00013021557689806332,
     2.8785657110801044e-06, 2.457224815032882e-05, -1.6227110947427314e-05, 5.102541064781266e-06,
     3.2341566692842034e-07, -1.339947344316162e-06, 1.0083095622113192e-06, -6.458803409368886e-07,
     9.610646597491868e-08, 2.979966869443092e-07, -1.6611168356168887e-07, -3.478752208506686e-08,
     3.100746692791325e-08,
-))
+)
 
 
 def _horner(coefs: Sequence[float], v: np.ndarray, acc: np.ndarray) -> None:
@@ -309,13 +299,22 @@ def _horner(coefs: Sequence[float], v: np.ndarray, acc: np.ndarray) -> None:
         acc += c
 
 
-def _erf(x: np.ndarray, out: np.ndarray, t: np.ndarray, u: np.ndarray, small: np.ndarray,
-         coefs: tuple, plus_one: bool = False) -> None:
+def _erf_single(x: np.ndarray, out: np.ndarray, t: np.ndarray, u: np.ndarray) -> None:
+    """erf of float64 `x` (clobbered) into `out` to float32 accuracy; `t`, `u` are scratch."""
+    np.clip(x, -4.0, 4.0, out=x)
+    np.multiply(x, x, out=t)
+    _horner(_ERF_P, t, out)
+    _horner(_ERF_Q, t, u)
+    out *= x
+    out /= u
+
+
+def _erf_double(x: np.ndarray, out: np.ndarray, t: np.ndarray, u: np.ndarray, small: np.ndarray,
+                plus_one: bool = False) -> None:
     """erf(x), or 1 + erf(x) without cancellation for negative x, of float64 `x` into `out`.
 
     `out` must not be `x`; `t` and `u` are float64 scratch and `small` bool scratch.
     """
-    poly_a, poly_b = coefs
     np.absolute(x, out=t)
     np.less(t, _ERF_SMALL, out=small)
     np.maximum(t, _ERF_SMALL, out=t)
@@ -326,7 +325,7 @@ def _erf(x: np.ndarray, out: np.ndarray, t: np.ndarray, u: np.ndarray, small: np
     t *= u
     u *= 2 * _ERF_SMALL
     u -= 1
-    _horner(poly_b, u, out)
+    _horner(_ERF_B, u, out)
     out *= t
     # out = erfc(|x|); erf = sgn - sgn * erfc, 1 + erf = (1 + sgn) - sgn * erfc, exact for sgn < 0
     np.copysign(1.0, x, out=t)
@@ -336,7 +335,7 @@ def _erf(x: np.ndarray, out: np.ndarray, t: np.ndarray, u: np.ndarray, small: np
         t += 1
     out += t
     np.multiply(x, x, out=t)
-    _horner(poly_a, t, u)
+    _horner(_ERF_A, t, u)
     u *= x
     if plus_one:
         u += 1
@@ -344,7 +343,7 @@ def _erf(x: np.ndarray, out: np.ndarray, t: np.ndarray, u: np.ndarray, small: np
 
 
 class ErfBased(Pointwise):
-    """Chunks computed in float64 through `_erf`, accurate to the output's precision."""
+    """Chunks computed in float64 through `_erf_single`, or `_erf_double` for 8-byte outputs."""
 
     buffers = 4
     masks = 1
@@ -354,19 +353,29 @@ class ErfBased(Pointwise):
 
     def __init__(self, ctx, inputs, outputs):
         super().__init__(ctx, inputs, outputs)
-        self.coefs = _ERF_DOUBLE if outputs[0].dtype.itemsize >= 8 else _ERF_SINGLE
+        self.double = outputs[0].dtype.itemsize >= 8
+
+    def erf(self, x: np.ndarray, out: np.ndarray, t: np.ndarray, u: np.ndarray, small: np.ndarray,
+            plus_one: bool = False) -> None:
+        """erf (or 1 + erf) of the float64 chunk `x`, which it may clobber, into `out`."""
+        if self.double:
+            _erf_double(x, out, t, u, small, plus_one)
+        else:
+            _erf_single(x, out, t, u)
+            if plus_one:
+                out += 1
 
 
 @register("Erf", since=9)
 class Erf(ErfBased):
-    """The Gauss error function (numpy has none): see `_erf`."""
+    """The Gauss error function, which numpy lacks: see `_erf_single` and `_erf_double`."""
 
     kinds = NUMERIC
 
     def chunk(self, x, out, bufs, mask):
         xw, r, t, u = bufs
         np.copyto(xw, x, casting="unsafe")
-        _erf(xw, r, t, u, mask, self.coefs)
+        self.erf(xw, r, t, u, mask)
         np.copyto(out, r, casting="unsafe")
 
 
@@ -377,12 +386,16 @@ class Gelu(ErfBased):
 
     kinds = FLOAT
 
-    def __init__(self, ctx, inputs, outputs):
+    @classmethod
+    def infer(cls, ctx, inputs):
         approximate = ctx.attr("approximate", "none")
         if approximate not in ("none", "tanh"):
             raise ShapeError(f"{ctx.name}: Gelu approximate={approximate!r} is not defined; use "
                              f"'none' or 'tanh'")
-        self.tanh = approximate == "tanh"
+        return super().infer(ctx, inputs)
+
+    def __init__(self, ctx, inputs, outputs):
+        self.tanh = ctx.attr("approximate", "none") == "tanh"
         super().__init__(ctx, inputs, outputs)
 
     def work_dtype(self, dtype):
@@ -400,14 +413,13 @@ class Gelu(ErfBased):
             r += 1
         else:
             np.multiply(x, np.float64(math.sqrt(0.5)), out=xw)  # in float64, not x's dtype
-            _erf(xw, r, t, u, mask, self.coefs, plus_one=True)
+            self.erf(xw, r, t, u, mask, plus_one=True)
         r *= x
-        r *= 0.5
-        np.copyto(out, r, casting="unsafe")
+        np.multiply(r, 0.5, out=out, casting="unsafe")
 
 
 class ExpLinear(Pointwise):
-    """gamma * (max(x, 0) + alpha * expm1(min(x, 0) / scale)): Elu, Selu and Celu in one pass set."""
+    """gamma * (max(x, 0) + alpha * expm1(min(x, 0) / scale)): Elu, Selu and Celu."""
 
     kinds = FLOAT
 
@@ -484,16 +496,41 @@ class HardSwish(Pointwise):
         np.multiply(x, t, out=out, casting="unsafe")
 
 
-@register("Mish", since=18)
-class Mish(Pointwise):
-    """x * tanh(softplus(x))."""
+@register("Softplus", since=1)
+class Softplus(Pointwise):
+    """log(1 + exp(x)), computed as max(x, 0) + log1p(exp(-|x|)) so it neither overflows nor
+    loses the small values of large negative x."""
 
     kinds = FLOAT
 
     def chunk(self, x, out, bufs, mask):
         (t,) = bufs
-        np.logaddexp(x, 0, out=t)
-        np.tanh(t, out=t)
+        np.absolute(x, out=t)
+        np.negative(t, out=t)
+        np.exp(t, out=t)
+        np.log1p(t, out=t)
+        np.maximum(x, 0, out=out)
+        np.add(out, t, out=out, casting="unsafe")
+
+
+@register("Mish", since=18)
+class Mish(Pointwise):
+    """x * tanh(softplus(x)), with tanh(log(1 + e)) = n / (n + 2), n = e * (e + 2), e = exp(x).
+
+    x is capped at 20 first, where the factor is 1 even in float64.
+    """
+
+    kinds = FLOAT
+    buffers = 2
+
+    def chunk(self, x, out, bufs, mask):
+        t, u = bufs
+        np.minimum(x, 20, out=t)
+        np.exp(t, out=t)
+        np.add(t, 2, out=u)
+        t *= u
+        np.add(t, 2, out=u)
+        t /= u
         np.multiply(x, t, out=out, casting="unsafe")
 
 
@@ -632,13 +669,17 @@ class BitShift(Binary):
 
     kinds = INTEGER
 
-    def __init__(self, ctx, inputs, outputs):
-        super().__init__(ctx, inputs, outputs)
+    @classmethod
+    def infer(cls, ctx, inputs):
         direction = ctx.attr("direction")
         if direction not in ("LEFT", "RIGHT"):
             raise ShapeError(f"{ctx.name}: BitShift direction is {direction!r}; set it to "
                              f"'LEFT' or 'RIGHT'")
-        self.fn = np.left_shift if direction == "LEFT" else np.right_shift
+        return super().infer(ctx, inputs)
+
+    def __init__(self, ctx, inputs, outputs):
+        super().__init__(ctx, inputs, outputs)
+        self.fn = np.left_shift if ctx.attr("direction") == "LEFT" else np.right_shift
 
     def compute(self, a, b, out):
         self.fn(a, b, out=out)
@@ -647,8 +688,6 @@ class BitShift(Binary):
 @register("PRelu", since=7)
 class PRelu(Binary):
     """x for x >= 0, slope * x below; "slope should be unidirectional broadcastable to input X"."""
-
-    kinds = "fi"
 
     @classmethod
     def infer(cls, ctx, inputs):
@@ -802,7 +841,8 @@ class Clip(Unary):
         super().__init__(ctx, inputs, outputs)
         if ctx.opset < 11:
             lo, hi = ctx.attr("min", -3.4028234663852886e38), ctx.attr("max", 3.4028234663852886e38)
-            self.bounds = (outputs[0].dtype.type(lo), outputs[0].dtype.type(hi))
+            with np.errstate(over="ignore"):  # the float32 limits are +-inf in float16
+                self.bounds = (outputs[0].dtype.type(lo), outputs[0].dtype.type(hi))
 
     def run(self, inputs, outputs, workspace):
         x, out = inputs[0], outputs[0]
