@@ -8,6 +8,7 @@ from typing import Any, Sequence
 
 import numpy as np
 import onnx
+from onnx import helper
 from onnx.backend.base import Backend, BackendRep, Device, DeviceType
 
 import omrt
@@ -43,6 +44,20 @@ class OmrtBackend(Backend):
     def run_model(cls, model: onnx.ModelProto, inputs: Any, device: str = "CPU",
                   **kwargs: Any) -> tuple[np.ndarray, ...]:
         return cls.prepare(model, device, **kwargs).run(inputs)
+
+    @classmethod
+    def run_node(cls, node: onnx.NodeProto, inputs: Sequence[np.ndarray], device: str = "CPU",
+                 outputs_info: Any = None, **kwargs: Any) -> tuple[np.ndarray, ...]:
+        """Wrap one node in a model (at the newest opset unless `opset_version` is given) and run it."""
+        present = [(name, np.asarray(x)) for name, x in zip(node.input, inputs) if name]
+        graph = helper.make_graph(
+            [node], "node",
+            [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(x.dtype), x.shape)
+             for n, x in present],
+            [helper.make_value_info(n, onnx.TypeProto()) for n in node.output if n])
+        opset = kwargs.get("opset_version") or onnx.defs.onnx_opset_version()
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid(node.domain, opset)])
+        return cls.run_model(model, [x for _, x in present], device)
 
     @classmethod
     def supports_device(cls, device: str) -> bool:
