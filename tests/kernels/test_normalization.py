@@ -13,6 +13,13 @@ from tests.kernel_check import check, run_kernel
 rng = np.random.default_rng(0)
 
 
+@pytest.fixture(autouse=True)
+def fresh_rng() -> None:
+    """Each test draws the same data whatever ran before it (hypothesis draws vary in number)."""
+    global rng
+    rng = np.random.default_rng(0)
+
+
 def randn(*shape: int, dtype: type = np.float32) -> np.ndarray:
     return rng.standard_normal(shape).astype(dtype)
 
@@ -184,7 +191,7 @@ def test_groupnorm(groups, opset):
 
 def test_groupnorm_rank2_and_float16():
     check("GroupNormalization", [randn(3, 4), randn(4), randn(4)], {"num_groups": 2}, opset=21,
-          atol=1e-5)
+          rtol=1e-4, atol=1e-4)
     check("GroupNormalization", [randn(2, 4, 5, dtype=np.float16), randn(4, dtype=np.float16),
                                  randn(4, dtype=np.float16)], {"num_groups": 2}, opset=21,
           rtol=2e-2, atol=2e-2)
@@ -199,8 +206,9 @@ def test_groupnorm_bad_groups():
 @pytest.mark.parametrize("opset", [9, 13])
 def test_mvn(axes, opset):
     attrs = {} if axes is None else {"axes": axes}
+    # the reference takes E[x^2] - E[x]^2, which cancels; omrt subtracts the mean first
     check("MeanVarianceNormalization", [randn(2, 3, 4, 5) * 2 + 1], attrs, opset=opset,
-          rtol=1e-4, atol=1e-5)
+          rtol=1e-3, atol=1e-4)
 
 
 @pytest.mark.parametrize("axis", [0, 1, -1])

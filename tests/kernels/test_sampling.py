@@ -16,6 +16,13 @@ from omrt.kernels import OpContext, TensorInfo, lookup
 from tests.kernel_check import check, run_kernel
 
 rng = np.random.default_rng(0)
+
+
+@pytest.fixture(autouse=True)
+def fresh_rng() -> None:
+    """Each test draws the same data whatever ran before it (hypothesis draws vary in number)."""
+    global rng
+    rng = np.random.default_rng(0)
 EMPTY = np.array([], np.float32)
 
 
