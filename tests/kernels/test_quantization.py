@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto
 
-import omrt.kernels.quantization  # noqa: F401  (registers the family before the library lists it)
+import omrt.kernels.quantization
 from omrt.errors import ShapeError
 from tests.kernel_check import check, run_kernel
 
@@ -304,3 +304,14 @@ def test_conv_integer_rejects_channel_mismatch():
 def test_conv_integer_empty_batch():
     got = run_kernel("ConvInteger", [np.zeros((0, 2, 4, 4), np.uint8), ints((3, 2, 3, 3), np.uint8)])[0]
     assert got.shape == (0, 3, 2, 2)
+
+
+@pytest.mark.parametrize("x_shape,w_shape,attrs", [CONV_CASES[1], CONV_CASES[2], CONV_CASES[7]])
+def test_conv_in_row_chunks(monkeypatch, x_shape, w_shape, attrs):
+    monkeypatch.setattr(omrt.kernels.quantization, "COLUMNS_CAP", 64)
+    x, w = ints(x_shape, np.int8), ints(w_shape, np.uint8)
+    check("ConvInteger", [x, w, scalar(3, np.int8), scalar(7, np.uint8)], attrs)
+    args = [x, scalar(0.03, np.float32), scalar(3, np.int8), w, scalar(0.01, np.float32),
+            scalar(7, np.uint8), scalar(0.5, np.float32), scalar(-4, np.int8),
+            rng.integers(-99, 99, w_shape[0]).astype(np.int32)]
+    check("QLinearConv", args, attrs)

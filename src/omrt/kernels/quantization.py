@@ -20,6 +20,10 @@ from .base import Kernel, OpContext, Shape, TensorInfo, broadcast_shapes, normal
 
 _ALIGN = 64
 
+COLUMNS_CAP = 1 << 20
+"""Upper bound (bytes) of the integer convolutions' column and result buffers; bigger layers are
+processed in chunks of output rows."""
+
 _ONNX_DTYPES = {
     1: "float32", 2: "uint8", 3: "int8", 4: "uint16", 5: "int16", 6: "int32", 7: "int64", 9: "bool",
     10: "float16", 11: "float64", 12: "uint32", 13: "uint64", 14: "complex64", 15: "complex128",
@@ -395,8 +399,8 @@ class _ConvGeometry:
     """Padding, output size and the im2col gather of an N-d convolution, from Conv's attributes.
 
     A private im2col for the integer convolutions: the padded image lives in the workspace (its
-    border is the zero point, i.e. 0 once the zero point is subtracted) and the columns are one
-    strided copy of it, so one (grouped, batched) matmul per image does the whole convolution.
+    border is the zero point, i.e. 0 once the zero point is subtracted) and the columns of a
+    chunk of output rows are one strided copy of it, multiplied by one (grouped) matmul.
     """
 
     def __init__(self, ctx: OpContext, x: Shape, w: Shape) -> None:
@@ -448,27 +452,38 @@ class _ConvGeometry:
         return (x[0], w[0], *self.out)
 
     def plan(self, x: Shape, w: Shape) -> None:
-        """Concrete buffer shapes for one image: padded input, columns, weights and result."""
+        """Concrete buffers for one image: padded input, weights, and columns and result for a
+        chunk of output rows (spatial dim 0) sized to stay under COLUMNS_CAP."""
         c, m = x[1], w[0]
         self.padded = (c, *(n + b + e for n, b, e in zip(x[2:], self.begin, self.end)))
-        self.length = numel(self.out)
-        taps = numel(self.kernel)
-        self.cols = (self.group, c // self.group * taps, self.length)
-        self.weights = (self.group, m // self.group, c // self.group * taps)
-        self.result = (self.group, m // self.group, self.length)
         self.interior = (slice(None), *(slice(b, b + n) for b, n in zip(self.begin, x[2:])))
+        self.depth = c // self.group * numel(self.kernel)
+        self.weights = (self.group, m // self.group, self.depth)
+        self.inner = numel(self.out[1:])
+        row_bytes = (c * numel(self.kernel) + m) * self.inner * 8
+        self.step = max(1, min(self.out[0], COLUMNS_CAP // max(row_bytes, 1)))
+        self.cols = (self.group * self.depth * self.step * self.inner,)
+        self.result = (m * self.step * self.inner,)
 
-    def im2col(self, padded: np.ndarray, cols: np.ndarray) -> None:
-        """Gather every kernel tap at every output position: cols[c, k.., o..] = padded[c, o*s + k*d]."""
-        item = padded.strides
-        shape = (padded.shape[0], *self.kernel, *self.out)
+    def im2col(self, padded: np.ndarray, rows: tuple[int, int], cols: np.ndarray) -> np.ndarray:
+        """Columns of output rows [r0, r1): cols[c, k.., o..] = padded[c, o*s + k*d], as (g, depth, L)."""
+        r0, r1 = rows
+        start = padded[:, r0 * self.strides[0]:]
+        item = start.strides
+        shape = (start.shape[0], *self.kernel, r1 - r0, *self.out[1:])
         strides = (item[0], *(st * d for st, d in zip(item[1:], self.dilations)),
                    *(st * s for st, s in zip(item[1:], self.strides)))
-        np.copyto(cols.reshape(shape), as_strided(padded, shape, strides, writeable=False))
+        view = cols[:numel(shape)].reshape(shape)
+        np.copyto(view, as_strided(start, shape, strides, writeable=False))
+        return view.reshape(self.group, self.depth, -1)
 
 
 class _IntegerConv(Kernel):
-    """Shared body of ConvInteger and QLinearConv: (x - x_zp) conv (w - w_zp) exactly, in float64."""
+    """Shared body of ConvInteger and QLinearConv: (x - x_zp) conv (w - w_zp) exactly, in float64.
+
+    The zero-point-free image is kept as int16 (|x - x_zp| <= 255); columns and products are
+    float64, a chunk of output rows at a time.
+    """
 
     slots: tuple[int, int, int, int]
     """Input indices of x, w, x_zero_point, w_zero_point."""
@@ -485,38 +500,42 @@ class _IntegerConv(Kernel):
         self.geo.plan(x, w)
         f64 = np.dtype(np.float64)
         g = self.geo
-        self.specs = ((g.padded, f64), (g.cols, f64), (g.weights, f64), (g.result, f64))
+        self.specs = ((g.padded, np.dtype(np.int16)), (g.weights, f64), (g.cols, f64), (g.result, f64))
 
     def workspace(self) -> int:
         return carve_size(*self.specs)
 
-    def images(self, inputs: Sequence[np.ndarray | None], workspace: np.ndarray):
-        """Yield (n, result) per image: result is the float64 (M, L) convolution of image n."""
+    def blocks(self, inputs: Sequence[np.ndarray | None], y: np.ndarray, workspace: np.ndarray):
+        """Yield (result, target): the float64 convolution of a chunk of output rows of one image,
+        shaped (M, rows, rest), and the view of `y` it belongs in."""
         ix, iw, izx, izw = self.slots
         x, w = inputs[ix], inputs[iw]
         zx = inputs[izx] if izx < len(inputs) else None
         zw = inputs[izw] if izw < len(inputs) else None
-        padded, cols, wf, res = carve(workspace, *self.specs)
+        padded, wf, cols, res = carve(workspace, *self.specs)
         m = w.shape[0]
-        w2 = w.reshape(m, -1)
-        wf2 = wf.reshape(m, -1)
         if zw is None:
-            np.copyto(wf2, w2, casting="unsafe")
+            np.copyto(wf.reshape(m, -1), w.reshape(m, -1), casting="unsafe")
         else:
             zw = zw.reshape(-1, 1) if zw.size > 1 else zw.reshape(())
-            np.subtract(w2, zw, out=wf2, dtype=np.float64, casting="unsafe")
+            np.subtract(w.reshape(m, -1), zw, out=wf.reshape(m, -1), dtype=np.float64, casting="unsafe")
         if zx is not None and zx.size > 1:
             zx = zx.reshape(-1, *(1,) * (x.ndim - 2))
         padded.fill(0)
         inner = padded[self.geo.interior]
+        geo = self.geo
         for n in range(x.shape[0]):
             if zx is None:
                 np.copyto(inner, x[n], casting="unsafe")
             else:
-                np.subtract(x[n], zx, out=inner, dtype=np.float64, casting="unsafe")
-            self.geo.im2col(padded, cols)
-            np.matmul(wf, cols, out=res)
-            yield n, res.reshape(m, -1)
+                np.subtract(x[n], zx, out=inner, dtype=np.int16, casting="unsafe")
+            target = y[n].reshape(m, geo.out[0], geo.inner)
+            for r0 in range(0, geo.out[0], geo.step):
+                r1 = min(r0 + geo.step, geo.out[0])
+                cols_chunk = geo.im2col(padded, (r0, r1), cols)
+                out = res[:m * cols_chunk.shape[2]].reshape(geo.group, m // geo.group, -1)
+                np.matmul(wf, cols_chunk, out=out)
+                yield out.reshape(m, r1 - r0, geo.inner), target[:, r0:r1]
 
 
 @register("ConvInteger", since=10)
@@ -531,9 +550,8 @@ class ConvInteger(_IntegerConv):
         return [TensorInfo(np.dtype(np.int32), shape)]
 
     def run(self, inputs, outputs, workspace):
-        y = outputs[0]
-        for n, res in self.images(inputs, workspace):
-            np.copyto(y[n].reshape(res.shape), res, casting="unsafe")
+        for res, target in self.blocks(inputs, outputs[0], workspace):
+            np.copyto(target, res, casting="unsafe")
 
 
 @register("QLinearConv", since=10)
@@ -550,13 +568,12 @@ class QLinearConv(_IntegerConv):
 
     def run(self, inputs, outputs, workspace):
         w_scale = inputs[4]
-        w_scale = w_scale.reshape(-1, 1) if w_scale.size > 1 else w_scale.reshape(())
+        w_scale = w_scale.reshape(-1, 1, 1) if w_scale.size > 1 else w_scale.reshape(())
         multiplier = inputs[1].reshape(()) * w_scale / inputs[6].reshape(())
         y_zp = _scalar(inputs[7] if len(inputs) > 7 else None)
         bias = inputs[8] if len(inputs) > 8 else None
-        y = outputs[0]
-        for n, res in self.images(inputs, workspace):
+        for res, target in self.blocks(inputs, outputs[0], workspace):
             if bias is not None:
-                np.add(res, bias.reshape(-1, 1), out=res)
+                np.add(res, bias.reshape(-1, 1, 1), out=res)
             np.multiply(res, multiplier, out=res)
-            _requantize(res, y_zp, y[n].reshape(res.shape))
+            _requantize(res, y_zp, target)
