@@ -10,7 +10,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import helper
 
-import omrt.kernels.sampling  # noqa: F401  (registers the family)
 from omrt.errors import ShapeError
 from omrt.kernels import OpContext, TensorInfo, lookup
 from tests.kernel_check import check, run_kernel

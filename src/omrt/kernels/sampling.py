@@ -37,13 +37,18 @@ def cast_value(value: float, dtype: np.dtype) -> np.generic:
     return dtype.type(value)
 
 
-def store(acc: np.ndarray, out: np.ndarray) -> None:
-    """Write float results into `out`: rounded half to even and saturated for integer outputs."""
-    if out.dtype.kind in "iu":
+def store(acc: np.ndarray, out: np.ndarray, convex: bool = False) -> None:
+    """Write float results into `out`: rounded half to even and saturated for integer outputs.
+
+    `convex` says every result is a convex combination of inputs, so it cannot leave the range.
+    """
+    if out.dtype.kind not in "iu":
+        np.copyto(out, acc, casting="unsafe")
+        return
+    if not convex:
         info = np.iinfo(out.dtype)
-        np.rint(acc, out=acc)
         np.clip(acc, info.min, info.max, out=acc)
-    np.copyto(out, acc, casting="unsafe")
+    np.rint(acc, out=out, casting="unsafe")
 
 
 def cubic_weights(t: np.ndarray, a: float) -> np.ndarray:
@@ -177,6 +182,7 @@ class Resampler:
                  plans: Sequence[AxisPlan], params: ResizeParams) -> None:
         self.dtype = dtype
         self.nearest = params.mode == "nearest"
+        self.convex = params.mode == "linear"
         self.ct = interp_dtype(dtype)
         self.ndim = len(in_shape)
         # Shrinking axes first keeps the intermediates small.
@@ -320,7 +326,7 @@ class Resampler:
                     np.add(dst, scratch, out=dst)
             src = dst
         if src is not out:
-            store(src, out)
+            store(src, out, self.convex)
 
 
 # ----------------------------------------------------------------------------- Resize / Upsample
@@ -706,7 +712,7 @@ class GridSample(Kernel):
                     np.multiply(gathered, weight[b], out=scratch)
                     np.add(acc[b], scratch, out=acc[b])
         if acc is not ys:
-            store(acc, ys)
+            store(acc, ys, self.mode == "linear")
 
 
 @register("AffineGrid", since=20)
