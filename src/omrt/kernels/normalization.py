@@ -7,7 +7,8 @@ from typing import Sequence
 import numpy as np
 
 from ..errors import ShapeError
-from .base import Dim, Kernel, OpContext, Shape, TensorInfo, broadcast_shapes, normalize_axis, numel, register
+from .base import (Dim, Kernel, OpContext, Shape, TensorInfo, broadcast_shapes, normalize_axis, numel,
+                   register)
 
 _STASH_TYPES = {1: np.dtype(np.float32), 10: np.dtype(np.float16), 11: np.dtype(np.float64)}
 
@@ -69,13 +70,13 @@ def standardize(x: np.ndarray, out: np.ndarray, axes: tuple[int, ...], epsilon: 
     if center:
         mean = np.mean(x, axis=axes, keepdims=True)
         np.subtract(x, mean, out=out)
+        centered = out
     else:
         mean = np.zeros([1 if i in axes else d for i, d in enumerate(x.shape)], x.dtype)
-        if out is not x:
-            np.copyto(out, x)
-    var = _sum_squares(out, axes) / count
+        centered = x
+    var = _sum_squares(centered, axes) / count
     divisor = np.sqrt(var) + epsilon if eps_outside_sqrt else np.sqrt(var + epsilon)
-    np.multiply(out, (1 / divisor).astype(out.dtype, copy=False), out=out)
+    np.multiply(centered, (1 / divisor).astype(out.dtype, copy=False), out=out)
     return mean, var
 
 
