@@ -13,6 +13,24 @@ Dim = int | str | None
 Shape = tuple[Dim, ...]
 
 
+def dtype_name(dtype: np.dtype) -> str:
+    """A string that names `dtype` across processes: numpy's type string, or the ml_dtypes name."""
+    return dtype.name if dtype.kind == "V" else dtype.str
+
+
+def dtype_from_name(name: str) -> np.dtype:
+    """Inverse of `dtype_name`; narrow types (bfloat16, float8, int4, ...) need ml_dtypes."""
+    try:
+        return np.dtype(name)
+    except TypeError:
+        pass
+    try:
+        import ml_dtypes
+    except ImportError:
+        raise TypeError(f"dtype {name!r} needs the ml_dtypes package (pip install ml_dtypes)") from None
+    return np.dtype(getattr(ml_dtypes, name))
+
+
 @dataclass(frozen=True)
 class TensorInfo:
     """What the planner knows about a tensor: dtype, shape and, for constants, the value."""

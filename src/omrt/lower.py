@@ -89,14 +89,16 @@ def lower(graph: Graph) -> Program:
         cls = lookup(node.op_type, graph.opset(node.domain), node.domain, node.label)
         live_outs = [o for o in node.outputs if o and o in needed]
         src = node.inputs[0] if node.inputs else ""
+        unknown = any(o and not infos[o].static for o in node.outputs)
         if (cls.view and len(live_outs) == 1 and live_outs[0] == node.outputs[0] and src
-                and src not in dynamic):
+                and src not in dynamic and not unknown):
             buffers.base[node.outputs[0]] = src
             continue
-        if cls.dynamic or any(v in dynamic for v in node.inputs if v):
+        if cls.dynamic or unknown or any(v in dynamic for v in node.inputs if v):
             dynamic.update(o for o in node.outputs if o)
         tasks.append(Task(idx, list(node.inputs), list(node.outputs)))
         kernels.append(cls)
+    runs_late = [any(o in dynamic for o in t.outputs) for t in tasks]
 
     # lifetimes of root buffers, before in-place merging
     last: dict[str, int] = {}
@@ -117,7 +119,7 @@ def lower(graph: Graph) -> Program:
     for t, (task, cls) in enumerate(zip(tasks, kernels)):
         node = graph.nodes[task.node]
         pairs = [(o, i, False) for o, i in cls.inplace.items()]
-        if task.outputs and task.outputs[0] not in dynamic:
+        if not runs_late[t] and task.outputs and task.outputs[0]:
             ins = [infos[v] if v else None for v in task.inputs]
             prefix = cls.prefix_input(context(node, graph), ins, [infos[task.outputs[0]]])
             if prefix is not None:
@@ -184,7 +186,7 @@ def lower(graph: Graph) -> Program:
         blocks.append(b)
         block_of[root] = b
     for t, (task, cls) in enumerate(zip(tasks, kernels)):
-        if task.outputs and task.outputs[0] in dynamic:
+        if runs_late[t]:
             continue
         node = graph.nodes[task.node]
         ins = [infos[v] if v else None for v in task.inputs]

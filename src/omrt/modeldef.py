@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from .errors import FormatError
-from .ir import Graph, Node, TensorInfo
+from .ir import Graph, Node, TensorInfo, dtype_from_name, dtype_name
 from .lower import Placement, Program, Task
 from .planner import Block, align
 
@@ -22,7 +22,7 @@ def _enc_attr(v: Any) -> Any:
         if v.dtype == object:
             return {"@array": ["object", list(v.shape), [str(x) for x in v.ravel()]]}
         data = base64.b64encode(np.ascontiguousarray(v).tobytes()).decode()
-        return {"@array": [v.dtype.str, list(v.shape), data]}
+        return {"@array": [dtype_name(v.dtype), list(v.shape), data]}
     if isinstance(v, (list, tuple)):
         return [_enc_attr(x) for x in v]
     if isinstance(v, np.generic):
@@ -35,7 +35,7 @@ def _dec_attr(v: Any) -> Any:
         dt, shape, data = v["@array"]
         if dt == "object":
             return np.array(data, dtype=object).reshape(shape)
-        return np.frombuffer(base64.b64decode(data), np.dtype(dt)).reshape(shape).copy()
+        return np.frombuffer(base64.b64decode(data), dtype_from_name(dt)).reshape(shape).copy()
     if isinstance(v, list):
         return [_dec_attr(x) for x in v]
     return v
@@ -82,16 +82,16 @@ def encode(graph: Graph, layout: dict[str, tuple[int, int]], program: Program | 
     """The MODEL_DEF partition."""
     def spec(v: str) -> dict:
         i = graph.infos[v]
-        return {"name": v, "dtype": i.dtype.str, "shape": list(i.shape)}
+        return {"name": v, "dtype": dtype_name(i.dtype), "shape": list(i.shape)}
 
     doc = {
         "name": graph.name,
         "opsets": graph.opsets,
         "inputs": [spec(v) for v in graph.inputs],
         "outputs": [spec(v) for v in graph.outputs],
-        "values": {k: [i.dtype.str, list(i.shape)] for k, i in graph.infos.items()
+        "values": {k: [dtype_name(i.dtype), list(i.shape)] for k, i in graph.infos.items()
                    if k not in graph.constants},
-        "constants": {k: [a.dtype.str, list(a.shape), *layout[k]] if k in layout
+        "constants": {k: [dtype_name(a.dtype), list(a.shape), *layout[k]] if k in layout
                       else [None, list(a.shape), [str(x) for x in a.ravel()]]
                       for k, a in graph.constants.items()},
         "nodes": [[n.op_type, n.domain, n.name, n.inputs, n.outputs,
@@ -113,13 +113,13 @@ def decode(raw: memoryview | bytes, weights: memoryview | None, where: str
             if dt is None:
                 constants[name] = np.array(rest[0], dtype=object).reshape(shape)
                 continue
-            dtype, (off, nbytes) = np.dtype(dt), rest
+            dtype, (off, nbytes) = dtype_from_name(dt), rest
             count = int(np.prod(shape, dtype=np.int64))
             if off < 0 or nbytes != count * dtype.itemsize or off + nbytes > wsize:
                 raise FormatError(f"{where}: weight {name!r} ({nbytes} bytes at {off}) does not fit the "
                                   f"WEIGHTS partition of {wsize} bytes; the file is corrupted")
             constants[name] = np.frombuffer(weights, dtype, count, off).reshape(shape)
-        infos = {k: TensorInfo(np.dtype(dt), tuple(s)) for k, (dt, s) in doc["values"].items()}
+        infos = {k: TensorInfo(dtype_from_name(dt), tuple(s)) for k, (dt, s) in doc["values"].items()}
         nodes = [Node(op, list(i), list(o), {k: _dec_attr(v) for k, v in attrs.items()}, dom, name)
                  for op, dom, name, i, o, attrs in doc["nodes"]]
         graph = Graph(nodes, [s["name"] for s in doc["inputs"]], [s["name"] for s in doc["outputs"]],
