@@ -15,7 +15,12 @@ Shape = tuple[Dim, ...]
 
 def dtype_name(dtype: np.dtype) -> str:
     """A string that names `dtype` across processes: numpy's type string, or the ml_dtypes name."""
-    return dtype.name if dtype.kind == "V" else dtype.str
+    try:
+        if np.dtype(dtype.str) == dtype:
+            return dtype.str
+    except TypeError:
+        pass
+    return dtype.name
 
 
 def dtype_from_name(name: str) -> np.dtype:

@@ -52,7 +52,7 @@ def _weights_writer(graph: Graph, layout: dict[str, tuple[int, int]]) -> Callabl
             arr = np.ascontiguousarray(graph.constants[name])
             if arr.dtype.byteorder == ">":
                 arr = arr.astype(arr.dtype.newbyteorder("<"))
-            sink(memoryview(arr).cast("B"))
+            sink(memoryview(arr.reshape(-1).view(np.uint8)))
             cursor = off + nbytes
     return produce
 
