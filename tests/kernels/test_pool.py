@@ -284,3 +284,31 @@ def test_maxunpool_output_shape():
     attrs = dict(kernel_shape=[2, 2], strides=[2, 2])
     (y,) = check("MaxUnpool", [x, indices, shape], attrs, const=[2])
     assert y[0, 0, 1, 1] == 5 and y[0, 0, 3, 3] == 8 and y.sum() == 26
+
+
+FLAT_CASES = [
+    ((2, 3, 9, 10), dict(kernel_shape=[3, 3], pads=[1, 1, 1, 1])),
+    ((1, 2, 8, 8), dict(kernel_shape=[2, 2], strides=[2, 2])),
+    ((1, 2, 10, 12), dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])),
+    ((1, 2, 11, 12), dict(kernel_shape=[3, 3], strides=[1, 2], pads=[0, 1, 0, 0], ceil_mode=1)),
+    ((1, 2, 12, 13), dict(kernel_shape=[3, 3], dilations=[2, 2], pads=[2, 2, 2, 2])),
+    ((1, 2, 16), dict(kernel_shape=[5], pads=[3, 1])),
+    ((1, 2, 6, 7, 8), dict(kernel_shape=[3, 3, 3], pads=[1, 1, 1, 1, 1, 1])),
+    ((1, 2, 12, 12), dict(kernel_shape=[3, 3], auto_pad="SAME_LOWER")),
+]
+
+
+@pytest.mark.parametrize("xs,attrs", FLAT_CASES)
+def test_pools_flat_stages(xs, attrs):
+    """Windows whose stages run as flat 1-d shifts plus recomputed edges."""
+    cls, ctx, infos = lookup("MaxPool", 12), OpContext(attrs, 12), [TensorInfo(np.dtype(np.float32), xs)]
+    assert any(stage.shifts for stage in cls(ctx, infos, cls.infer(ctx, infos)).stages)
+    x = rand(*xs)
+    (y, _) = run_kernel("MaxPool", [x], attrs)
+    np.testing.assert_array_equal(y, spec_pool(x, "max", attrs)[0])
+    for include_pad in (0, 1):
+        avg = dict(attrs, count_include_pad=include_pad)
+        (y,) = run_kernel("AveragePool", [x], avg)
+        np.testing.assert_allclose(y, spec_pool(x, "avg", avg)[0], rtol=1e-5, atol=1e-6)
+    (y,) = run_kernel("LpPool", [x], dict(attrs, p=2))
+    np.testing.assert_allclose(y, spec_pool(x, "lp", dict(attrs, p=2))[0], rtol=1e-5, atol=1e-6)
