@@ -333,7 +333,7 @@ class Conv(Kernel):
                 width = (chunk.last - chunk.first) * inner
                 out = yi[:, :, chunk.first * inner:chunk.first * inner + width]
                 np.matmul(w3, gemm_in[:, :, :width], out=out)
-                self._finish(out, b, bias_shape)
+            self._finish(yi, b, bias_shape)
 
 
 def transposed_window(ctx: OpContext, size: Sequence[Dim], kernel: Sequence[int]
