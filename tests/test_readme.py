@@ -31,9 +31,10 @@ def test_cli_compile_run_inspect(tmp_path):
     res = _omrt("compile", src, "sq.om", "--shape", "data_0=1x3x224x224", cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     assert "arena" in res.stdout and "x1.000" in res.stdout
-    res = _omrt("run", "sq.om", "--repeat", "2", "--output-dir", "out", cwd=tmp_path)
+    res = _omrt("run", "sq.om", "--repeat", "2", "--output-dir", "out", "--profile", cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     assert "output 'softmaxout_1': float32 [1, 1000, 1, 1]" in res.stdout
+    assert re.search(r"time per op type .*\n  Conv +[0-9.]+ ms", res.stdout)
     assert (tmp_path / "out" / "softmaxout_1.npy").exists()
     res = _omrt("inspect", "sq.om", "--plan", "--plot", "plan.svg", "--verify", cwd=tmp_path)
     assert res.returncode == 0, res.stderr

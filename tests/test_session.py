@@ -186,3 +186,12 @@ def test_dynamic_batch_plans_are_cached_per_signature(dynamic_om):
     assert len(model._prepared) == 3
     with pytest.raises(omrt.InputError, match=r"input 'x' has shape \(3, 65\), the model expects \('N', 64\)"):
         sess.run({"x": np.zeros((3, 65), np.float32)})
+
+
+def test_profile_times_every_op_type_and_restores_the_plain_loop(mlp_om):
+    sess = omrt.load(mlp_om).session()
+    plain = sess._args
+    x = RNG.standard_normal((4, 64)).astype(np.float32)
+    per_op = sess.profile({"x": x}, repeat=3)
+    assert set(per_op) == {"FusedMatMul", "MatMul"} and all(v > 0 for v in per_op.values())
+    assert sess._args is plain and sess.stats.runs == 3

@@ -88,6 +88,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     if times:
         print(f"latency over {len(times)} runs: median {statistics.median(times) * 1e3:.3f} ms, "
               f"min {min(times) * 1e3:.3f} ms")
+    if args.profile:
+        per_op = sess.profile(repeat=max(args.repeat, 1))
+        total = sum(per_op.values())
+        print(f"time per op type (mean of {max(args.repeat, 1)} runs, {total * 1e3:.3f} ms in kernels):")
+        for op, sec in per_op.items():
+            print(f"  {op:<24}{sec * 1e3:10.3f} ms  {100 * sec / total:5.1f}%")
     s = sess.stats
     print(f"runs {s.runs}, bytes copied {s.bytes_copied}, arena {s.arena_bytes}, lower bound {s.lower_bound}")
     return 0
@@ -131,6 +137,7 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--input", action="append", type=_input_arg, metavar="NAME=FILE.npy")
     r.add_argument("--repeat", type=int, default=0, help="timed runs after the first")
     r.add_argument("--output-dir", help="save outputs as .npy files here")
+    r.add_argument("--profile", action="store_true", help="print time per op type")
     r.set_defaults(fn=cmd_run)
     i = sub.add_parser("inspect", help="show a .om file's partitions, I/O, kernels and memory plan")
     i.add_argument("model")

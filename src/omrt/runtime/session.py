@@ -7,6 +7,7 @@ others are copied through fallback blocks (mode "auto") or refused (mode "always
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Mapping
@@ -266,6 +267,20 @@ class Session:
         self.stats.runs += 1
         return results
 
+    def profile(self, feeds: Mapping[str, Any] | None = None, repeat: int = 10) -> dict[str, float]:
+        """Run `repeat` times timing every kernel; mean seconds per run by op type, slowest first."""
+        totals: Counter = Counter()
+        plain = self._args
+        graph = self._prep.graph if self._prep else None
+        self._args = [(_Timed(k, graph.nodes[t.node].op_type, totals) if k is not None else None,
+                       ins, outs, ws, t) for k, ins, outs, ws, t in plain] if graph else plain
+        try:
+            for _ in range(repeat):
+                self.run(feeds)
+        finally:
+            self._args = plain
+        return {op: sec / repeat for op, sec in totals.most_common()}
+
     def _execute(self, prep: Prepared) -> dict[str, np.ndarray]:
         """The task loop; tasks downstream of data-dependent shapes are prepared as they run."""
         dyn: dict[str, np.ndarray] = {}
@@ -290,3 +305,17 @@ class Session:
                 if v:
                     dyn[v] = r
         return dyn
+
+
+class _Timed:
+    """Wraps a kernel so each run adds its wall time to `totals[key]` (used by Session.profile)."""
+
+    def __init__(self, kernel: Any, key: str, totals: Counter) -> None:
+        self.kernel, self.key, self.totals = kernel, key, totals
+
+    def run(self, inputs: Any, outputs: Any, workspace: Any) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return self.kernel.run(inputs, outputs, workspace)
+        finally:
+            self.totals[self.key] += time.perf_counter() - t0
