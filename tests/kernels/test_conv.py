@@ -55,9 +55,16 @@ def test_conv_dtypes(dtype, tol):
     ((2, 3, 9, 7), (4, 3, 3, 3), dict(pads=[1, 2, 1, 0], strides=[1, 2])),
     ((1, 2, 7, 4, 5), (4, 2, 3, 2, 2), dict(pads=[1, 0, 1, 2, 1, 1], strides=[2, 1, 1])),
     ((1, 6, 8, 8), (6, 1, 3, 3), dict(group=6, pads=[1, 1, 1, 1], strides=[2, 2])),
+    ((2, 3, 9, 7), (4, 3, 3, 3), dict(pads=[1, 1, 1, 1])),
+    ((1, 4, 9, 7), (4, 2, 3, 5), dict(group=2, pads=[2, 4, 2, 4], dilations=[2, 2])),
+    ((1, 2, 5, 4, 6), (3, 2, 3, 3, 3), dict(auto_pad="SAME_LOWER")),
+    ((1, 3, 11), (2, 3, 4), dict(auto_pad="SAME_UPPER")),
 ])
 def test_conv_chunked(monkeypatch, cap, xs, ws, attrs):
-    """Small workspace caps split im2col into row chunks, down to one output row per chunk."""
+    """Small workspace caps split im2col into row chunks, down to one output row per chunk.
+
+    The stride-1 "same" cases gather each tap as one shifted run per channel (then zero the edges).
+    """
     monkeypatch.setattr(conv, "WORKSPACE_CAP", cap)
     check("Conv", [rand(*xs), rand(*ws), rand(ws[0])], attrs, rtol=1e-4, atol=1e-4)
 

@@ -205,10 +205,31 @@ class _Chunk:
     """Column-buffer index tuples to zero (padding reads)."""
 
 
-def _plan_chunks(win: Window, step: int) -> list[_Chunk]:
+def _flat_move(win: Window, tap: Tap, r0: int, r1: int) -> tuple[tuple, tuple] | None:
+    """One tap's gather as a single shifted run per channel, for stride-1 windows with out == size.
+
+    Column buffer viewed (channels, taps, positions), image viewed (channels, pixels): position p of
+    the chunk reads pixel p + shift. Positions whose read crosses a row edge get a neighbour pixel;
+    they are exactly the tap's padding strips, zeroed after the copy.
+    """
+    inner = int(np.prod(win.size[1:], dtype=np.int64))
+    pixels = inner * win.size[0]
+    shift = r0 * inner
+    for i, (t, d, b) in enumerate(zip(tap.index, win.dilations, win.begin)):
+        shift += (t * d - b) * int(np.prod(win.size[i + 1:], dtype=np.int64))
+    lo, hi = max(0, -shift), min((r1 - r0) * inner, pixels - shift)
+    if hi <= lo:
+        return None
+    k = int(np.ravel_multi_index(tap.index, win.kernel))
+    return (slice(None), k, slice(lo, hi)), (slice(None), slice(lo + shift, hi + shift))
+
+
+def _plan_chunks(win: Window, step: int, flat: bool = False) -> list[_Chunk]:
     """Column-buffer gather/scatter plans for each chunk of `step` positions along spatial dim 0.
 
     The column buffer is laid out (channels, *kernel, step, *out[1:]); the image is (channels, *size).
+    With `flat`, moves address the buffer as (channels, taps, positions) and the image as
+    (channels, pixels) (see _flat_move).
     """
     chunks = []
     for r0, r1 in _chunks(win.out[0], step):
@@ -217,8 +238,11 @@ def _plan_chunks(win: Window, step: int) -> list[_Chunk]:
         for tap in win.taps((r0, r1)):
             lead = (slice(None),) + tap.index
             zeros.extend(_zero_strips(tap, lead, extents))
-            if not tap.empty:
-                moves.append((lead + tap.dst, (slice(None),) + tap.src))
+            if tap.empty:
+                continue
+            move = _flat_move(win, tap, r0, r1) if flat else (lead + tap.dst, (slice(None),) + tap.src)
+            if move is not None:
+                moves.append(move)
         chunks.append(_Chunk(r0, r1, tuple(moves), tuple(zeros)))
     return chunks
 
@@ -284,7 +308,8 @@ class Conv(Kernel):
         inner = int(np.prod(self.win.out[1:], dtype=np.int64))
         taps = int(np.prod(kernel, dtype=np.int64))
         self.step = _row_chunks(self.win.out[0], channels * taps * inner * itemsize)
-        self.chunks = _plan_chunks(self.win, self.step) if self.mode == "im2col" else []
+        self.flat = all(s == 1 for s in self.win.strides) and self.win.out == self.win.size
+        self.chunks = _plan_chunks(self.win, self.step, self.flat) if self.mode == "im2col" else []
         self.nbytes = channels * taps * self.step * inner * itemsize if self.chunks else 0
 
     def workspace(self) -> int:
@@ -322,12 +347,13 @@ class Conv(Kernel):
         w3 = w.reshape(g, w.shape[0] // g, -1)
         gemm_in = cols.reshape(g, w3.shape[2], self.step * inner)
         bias_shape = (g, w3.shape[1], 1)
+        gather = gemm_in.reshape(c, -1, self.step * inner) if self.flat else cols
         for i in range(n):
-            xi = x[i]
+            xi = x[i].reshape(c, -1) if self.flat else x[i]
             yi = y[i].reshape(g, w3.shape[1], -1)
             for chunk in self.chunks:
                 for dst, src in chunk.moves:
-                    cols[dst] = xi[src]
+                    gather[dst] = xi[src]
                 for z in chunk.zeros:
                     cols[z] = 0
                 width = (chunk.last - chunk.first) * inner
