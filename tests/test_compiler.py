@@ -1,0 +1,120 @@
+"""Compiler passes: import forms, folding of shape sub-graphs, dead code, fusion, aliases."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+from onnx.reference import ReferenceEvaluator
+
+import omrt
+
+RNG = np.random.default_rng(1)
+
+
+def _model(nodes, inputs, outputs, inits=(), opset=17):
+    g = helper.make_graph(nodes, "g", inputs, outputs, list(inits))
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+
+
+def _run_both(model, feeds, tmp_path):
+    path = str(tmp_path / "m.om")
+    res = omrt.compile(model, path)
+    got = omrt.load(path).session().run(feeds)
+    want = ReferenceEvaluator(model).run(None, feeds)
+    for spec, w in zip(model.graph.output, want):
+        np.testing.assert_allclose(got[spec.name], w, rtol=1e-4, atol=1e-5)
+    return res
+
+
+def test_shape_subgraph_folds_and_reshape_becomes_an_alias(tmp_path):
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 4])
+    nodes = [helper.make_node("Shape", ["x"], ["s"]),
+             helper.make_node("Gather", ["s", "zero"], ["n"], axis=0),
+             helper.make_node("Unsqueeze", ["n", "axes"], ["n1"]),
+             helper.make_node("Concat", ["n1", "minus1"], ["shape"], axis=0),
+             helper.make_node("Relu", ["x"], ["r"]),
+             helper.make_node("Reshape", ["r", "shape"], ["y"]),
+             helper.make_node("Exp", ["x"], ["dead"])]
+    inits = [numpy_helper.from_array(np.array(0, np.int64), "zero"),
+             numpy_helper.from_array(np.array([0], np.int64), "axes"),
+             numpy_helper.from_array(np.array([-1], np.int64), "minus1")]
+    m = _model(nodes, [x], [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 12])], inits)
+    res = _run_both(m, {"x": RNG.standard_normal((2, 3, 4)).astype(np.float32)}, tmp_path)
+    assert [n.op_type for n in res.graph.nodes] == ["Relu", "Reshape"]
+    assert [res.graph.nodes[t.node].op_type for t in res.program.tasks] == ["Relu"]
+    assert res.program.places["y"].region == "output" and res.program.places["r"].region == "output"
+
+
+def test_conv_batchnorm_relu_become_one_conv(tmp_path):
+    w = RNG.standard_normal((8, 3, 3, 3)).astype(np.float32)
+    stats = [RNG.random(8).astype(np.float32) + 0.5 for _ in range(4)]
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("BatchNormalization", ["c", "s", "b", "m", "v"], ["bn"], epsilon=1e-3),
+             helper.make_node("Relu", ["bn"], ["y"])]
+    inits = [numpy_helper.from_array(w, "w")] + [numpy_helper.from_array(a, n) for a, n in zip(stats, "sbmv")]
+    m = _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 8, 8])], inits)
+    res = _run_both(m, {"x": RNG.standard_normal((1, 3, 8, 8)).astype(np.float32)}, tmp_path)
+    (conv,) = res.graph.nodes
+    assert conv.op_type == "Conv" and conv.attrs["_act"] == "Relu" and len(conv.inputs) == 3
+
+
+def test_matmul_add_fuses_and_constant_nodes_import(tmp_path):
+    nodes = [helper.make_node("Constant", [], ["w"], value=numpy_helper.from_array(
+                 RNG.standard_normal((4, 5)).astype(np.float32))),
+             helper.make_node("Constant", [], ["b"], value_floats=[1, 2, 3, 4, 5]),
+             helper.make_node("MatMul", ["x", "w"], ["mm"]), helper.make_node("Add", ["mm", "b"], ["y"])]
+    m = _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 4])],
+               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 5])])
+    res = _run_both(m, {"x": RNG.standard_normal((3, 4)).astype(np.float32)}, tmp_path)
+    assert [(n.domain, n.op_type) for n in res.graph.nodes] == [("omrt", "FusedMatMul")]
+
+
+def test_external_data_and_inputs_that_carry_initializers(tmp_path):
+    w = RNG.standard_normal((64, 64)).astype(np.float32)
+    m = _model([helper.make_node("MatMul", ["x", "w"], ["y"])],
+               [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 64]),
+                helper.make_tensor_value_info("w", TensorProto.FLOAT, [64, 64])],
+               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 64])],
+               [numpy_helper.from_array(w, "w")])
+    src = tmp_path / "ext.onnx"
+    onnx.save_model(m, str(src), save_as_external_data=True, location="ext.bin", size_threshold=0)
+    assert (tmp_path / "ext.bin").exists()
+    omrt.compile(str(src), str(tmp_path / "ext.om"))
+    model = omrt.load(str(tmp_path / "ext.om"))
+    assert [s.name for s in model.inputs] == ["x"]
+    x = RNG.standard_normal((2, 64)).astype(np.float32)
+    np.testing.assert_allclose(model.session().run({"x": x})["y"], x @ w, rtol=1e-5, atol=1e-4)
+
+
+def test_old_opsets_are_converted_and_unknown_ops_named(tmp_path):
+    m = _model([helper.make_node("Relu", ["x"], ["y"])],
+               [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3])],
+               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3])], opset=6)
+    _run_both(m, {"x": np.array([-1, 0, 2], np.float32)}, tmp_path)
+    bad = _model([helper.make_node("Frobnicate", ["x"], ["y"], name="f1"),
+                  helper.make_node("Frobnicate", ["y"], ["z"], name="f2")],
+                 [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3])],
+                 [helper.make_tensor_value_info("z", TensorProto.FLOAT, [3])])
+    with pytest.raises(omrt.UnsupportedOpError,
+                       match=r"no kernel in omrt for Frobnicate at opset 17 \(nodes 'f1', 'f2'\)"):
+        omrt.compile(bad, str(tmp_path / "bad.om"))
+    with pytest.raises(omrt.CompileError, match=r"--shape names \['q'\], which are not graph inputs"):
+        omrt.compile(m, str(tmp_path / "x.om"), shapes={"q": (1,)})
+
+
+def test_symbolic_dims_survive_to_the_runtime(tmp_path):
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])
+    m = _model([helper.make_node("Softmax", ["x"], ["y"], axis=-1)], [x],
+               [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])])
+    path = str(tmp_path / "s.om")
+    res = omrt.compile(m, path)
+    assert res.program is None and res.graph.infos["y"].shape == ("batch", 4)
+    model = omrt.load(path)
+    assert model.inputs[0].shape == ("batch", 4)
+    for n in (1, 5):
+        x = RNG.standard_normal((n, 4)).astype(np.float32)
+        e = np.exp(x - x.max(-1, keepdims=True))
+        np.testing.assert_allclose(model.session().run({"x": x})["y"], e / e.sum(-1, keepdims=True), rtol=1e-5)
