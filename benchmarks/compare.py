@@ -366,6 +366,7 @@ def main(argv=None) -> int:
     models = [m.strip() for m in args.models.split(",") if m.strip()] if args.models else default_models()
     print(f"omrt vs ONNX Runtime: {len(models)} models, threads {args.threads}, {args.runs} timed runs "
           f"(budget {args.budget:g} s per variant), {args.warmup} warm-up runs, blocks of {args.block}")
+    load_before = os.getloadavg() if hasattr(os, "getloadavg") else None
     results = []
     for name in models:
         t = time.perf_counter()
@@ -381,6 +382,10 @@ def main(argv=None) -> int:
               f"({time.perf_counter() - t:.0f} s)", flush=True)
     text, summary = table(results, args.threads)
     print(text)
+    load_after = os.getloadavg() if hasattr(os, "getloadavg") else None
+    if load_before and load_after:
+        print(f"\n{os.cpu_count()} CPUs; load average (1 min) {load_before[0]:.2f} before, {load_after[0]:.2f} after: "
+              f"figures at N threads are only meaningful while N CPUs are otherwise idle")
     failed = [r["model"] for r in results if "error" in r]
     mismatched = sorted({r["model"] for r in results for rec in r.get("threads", {}).values()
                          if not all(c["allclose"] for c in rec["check"].values())})
@@ -392,7 +397,8 @@ def main(argv=None) -> int:
         import platform
 
         doc = {"args": {k: v for k, v in vars(args).items() if k not in ("worker", "json", "png")},
-               "python": platform.python_version(), "cpus": os.cpu_count(), "results": results,
+               "python": platform.python_version(), "cpus": os.cpu_count(),
+               "loadavg_before": load_before, "loadavg_after": load_after, "results": results,
                "summary": summary}
         with open(args.json, "w") as f:
             json.dump(doc, f, indent=1)
