@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from omrt.errors import ShapeError
+from omrt.kernels import lookup
 from tests.kernel_check import check, run_kernel
 
 rng = np.random.default_rng(0)
@@ -252,3 +253,11 @@ def test_parameter_shapes_are_checked(op, inputs, attrs):
     opset = 18 if op == "GroupNormalization" else 17
     with pytest.raises(ShapeError, match="shape"):
         run_kernel(op, inputs, attrs, opset=opset)
+
+
+@pytest.mark.parametrize("op,opset", [("InstanceNormalization", 6), ("GroupNormalization", 18),
+                                      ("GroupNormalization", 21), ("MeanVarianceNormalization", 13),
+                                      ("LayerNormalization", 17), ("RMSNormalization", 23)])
+def test_standardizing_kernels_are_not_view_aliases(op, opset):
+    # the planner aliases output to input (and never runs the kernel) when `view` is truthy
+    assert lookup(op, opset).view is False

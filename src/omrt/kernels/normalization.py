@@ -228,7 +228,8 @@ class LRN(_SameShape):
 class _Standardizing(_SameShape):
     """Normalize over some axes in a stash precision, then scale and shift: the base of the norm ops.
 
-    Subclasses set `axes` (of the array `view` returns) in __init__ and may override `affine`.
+    Subclasses set `axes` (of the array `reduction_view` returns) in __init__ and may override
+    `affine`. (Not named `view`: that is the contract's alias flag, and a method there is truthy.)
     """
 
     inplace = {0: 0}
@@ -247,7 +248,7 @@ class _Standardizing(_SameShape):
     def stash_dtype(ctx: OpContext, dtype: np.dtype) -> np.dtype:
         return compute_dtype(dtype)
 
-    def view(self, a: np.ndarray) -> np.ndarray:
+    def reduction_view(self, a: np.ndarray) -> np.ndarray:
         """The shape the reduction runs on (a reshape of the input)."""
         return a
 
@@ -266,8 +267,9 @@ class _Standardizing(_SameShape):
         if buffered:
             np.copyto(buf, x)
         with np.errstate(invalid="ignore", divide="ignore"):
-            mean, var = standardize(self.view(buf if buffered else x), self.view(buf), self.axes,
-                                    self.epsilon, self.center, self.eps_outside_sqrt)
+            mean, var = standardize(self.reduction_view(buf if buffered else x),
+                                    self.reduction_view(buf), self.axes, self.epsilon, self.center,
+                                    self.eps_outside_sqrt)
             stats = (mean, 1 / np.sqrt(var + self.epsilon))
         self.affine(buf, inputs)
         if buffered:
@@ -306,7 +308,7 @@ class _LastAxes(_Standardizing):
         self.shape2d = (numel(x.shape[:axis]), numel(x.shape[axis:]))
         self.axes = (1,)
 
-    def view(self, a: np.ndarray) -> np.ndarray:
+    def reduction_view(self, a: np.ndarray) -> np.ndarray:
         return a.reshape(self.shape2d)
 
     def affine(self, y: np.ndarray, inputs: Sequence[np.ndarray | None]) -> None:
@@ -377,11 +379,11 @@ class GroupNormalization(_Standardizing):
         self.grouped = (x.shape[0], self.groups, x.shape[1] // self.groups, numel(x.shape[2:]))
         self.axes = (2, 3)
 
-    def view(self, a: np.ndarray) -> np.ndarray:
+    def reduction_view(self, a: np.ndarray) -> np.ndarray:
         return a.reshape(self.grouped)
 
     def affine(self, y: np.ndarray, inputs: Sequence[np.ndarray | None]) -> None:
-        g = self.view(y)
+        g = self.reduction_view(y)
         shape = (self.groups, -1, 1) if self.per_channel else (self.groups, 1, 1)
         np.multiply(g, inputs[1].reshape(shape), out=g, casting="same_kind")
         np.add(g, inputs[2].reshape(shape), out=g, casting="same_kind")
