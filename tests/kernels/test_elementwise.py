@@ -529,6 +529,16 @@ def test_prelu_rejects_two_way_broadcast():
         run_kernel("PRelu", [randn(3, 1), randn(3, 4)])
 
 
+@pytest.mark.parametrize("xs", [(2, 3, 4), (2, 3, 4, 5), (1, 3, 2, 2, 2)])
+def test_prelu_per_channel_slope_of_models_upgraded_from_opset_6(xs):
+    x, slope = randn(*xs), randn(3)
+    got = run_kernel("PRelu", [x, slope], opset=7)[0]
+    channel = slope.reshape((3,) + (1,) * (len(xs) - 2))
+    np.testing.assert_array_equal(got, np.where(x < 0, x * channel, x))
+    with pytest.raises(ShapeError, match="slope"):
+        run_kernel("PRelu", [x, slope], opset=9)
+
+
 # ----------------------------------------------------------------------------- Mod, BitShift
 
 

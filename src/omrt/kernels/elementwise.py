@@ -687,11 +687,25 @@ class BitShift(Binary):
 
 @register("PRelu", since=7)
 class PRelu(Binary):
-    """x for x >= 0, slope * x below; "slope should be unidirectional broadcastable to input X"."""
+    """x for x >= 0, slope * x below; "slope should be unidirectional broadcastable to input X".
+
+    Before opset 7 a slope of shape (C,) applied per channel (axis 1). The ONNX version converter
+    leaves such a slope as it is, so models upgraded from opset 6 arrive at opset 7 with it: there,
+    a (C,) slope that does not broadcast to X but matches its channel count keeps the old meaning.
+    """
+
+    @staticmethod
+    def _per_channel(ctx: OpContext, x: TensorInfo, slope: TensorInfo) -> bool:
+        return (ctx.opset == 7 and slope.rank == 1 and x.rank > 2 and slope.shape[0] == x.shape[1]
+                and slope.shape[0] not in (1, x.shape[-1]))
 
     @classmethod
     def infer(cls, ctx, inputs):
         x, slope = inputs
+        if cls._per_channel(ctx, x, slope):
+            _check_kind(ctx, x, cls.kinds)
+            _check_same_dtype(ctx, [x, slope])
+            return [TensorInfo(x.dtype, x.shape)]
         fits = len(slope.shape) <= len(x.shape) and all(
             s == 1 or s == d or not (isinstance(s, int) and isinstance(d, int))
             for s, d in zip(slope.shape[::-1], x.shape[::-1]))
@@ -701,6 +715,12 @@ class PRelu(Binary):
                              f"dims or 1s, e.g. (C, 1, 1) for NCHW input")
         return [TensorInfo(super().infer(ctx, inputs)[0].dtype, x.shape)]
 
+    def __init__(self, ctx, inputs, outputs):
+        super().__init__(ctx, inputs, outputs)
+        x, slope = inputs
+        self.slope_shape = ((-1,) + (1,) * (x.rank - 2) if self._per_channel(ctx, x, slope)
+                            else None)
+
     def workspace(self):
         return numel(self.outputs[0].shape)
 
@@ -709,6 +729,8 @@ class PRelu(Binary):
         out = outputs[0]
         if out.size == 0:
             return
+        if self.slope_shape is not None:
+            slope = slope.reshape(self.slope_shape)
         negative = workspace[:out.size].view(np.bool_).reshape(out.shape)
         np.less(x, 0, out=negative)
         np.copyto(out, x)
