@@ -246,7 +246,8 @@ def test_convtranspose_shape_errors():
     with pytest.raises(ShapeError, match="dim 0"):
         _infer("ConvTranspose", [TensorInfo(f, (1, 3, 4, 4)), TensorInfo(f, (2, 2, 3, 3))], {})
     with pytest.raises(ShapeError, match="group"):
-        _infer("ConvTranspose", [TensorInfo(f, (1, 3, 4, 4)), TensorInfo(f, (3, 2, 3, 3))], dict(group=2))
+        _infer("ConvTranspose", [TensorInfo(f, (1, 3, 4, 4)), TensorInfo(f, (3, 2, 3, 3))],
+               dict(group=2))
     with pytest.raises(ShapeError, match="spatial dims"):
         _infer("ConvTranspose", [TensorInfo(f, (1, 3, 4, 4)), TensorInfo(f, (3, 2, 3, 3))],
                dict(output_shape=[1, 2, 6, 6]))

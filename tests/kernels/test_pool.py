@@ -1,4 +1,4 @@
-"""Pooling kernels against onnx.reference and, where that reference is incomplete, a per-pixel spec model."""
+"""Pooling kernels against onnx.reference and, where that is incomplete, a per-pixel model of the spec."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ def rand(*shape, dtype=np.float32):
     return rng.standard_normal(shape).astype(dtype)
 
 
-# ----------------------------------------------------------------------------- a per-pixel model of the spec
+# ------------------------------------------------------------------------- a per-pixel model of the spec
 
 def spec_window(size, attrs):
     """Output size and (begin, end) pads per spatial dim, written from the ONNX formulas."""
@@ -87,7 +87,7 @@ def spec_pool(x, kind, attrs):
     return y, idx
 
 
-# ----------------------------------------------------------------------------- windowed pools vs onnx.reference
+# ------------------------------------------------------------------------- windowed pools vs onnx.reference
 
 POOL_CASES = [
     ((1, 3, 7, 7), dict(kernel_shape=[3, 3])),
@@ -140,7 +140,7 @@ def test_lppool(xs, attrs):
     check("LpPool", [rand(*xs)], attrs, rtol=1e-4)
 
 
-# ----------------------------------------------------------------------------- windowed pools vs the spec model
+# ------------------------------------------------------------------------- windowed pools vs the spec model
 
 @st.composite
 def pool_problems(draw):

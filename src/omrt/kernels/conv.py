@@ -1,4 +1,4 @@
-"""Convolution kernels: Conv, ConvTranspose, Col2Im, DeformConv, and the sliding-window geometry pools share.
+"""Convolution kernels (Conv, ConvTranspose, Col2Im, DeformConv) and the window geometry pools share.
 
 Conv is im2col (into the planned workspace, in chunks of output rows to bound its size) followed
 by one BLAS GEMM per group written straight into the output; 1x1 convolutions skip im2col (the
@@ -45,7 +45,7 @@ class Tap:
 
     index: tuple[int, ...]
     bounds: tuple[tuple[int, int], ...]
-    """(lo, hi) per spatial dim: window positions [lo, hi) read inside the input (relative to a chunk)."""
+    """(lo, hi) per spatial dim: positions [lo, hi) that read inside the input (relative to a chunk)."""
     src: tuple[slice, ...]
     """The strided input slices read by those positions."""
 
@@ -109,7 +109,7 @@ class Window:
 
 def sliding_window(ctx: OpContext, size: Sequence[Dim], kernel: Sequence[int],
                    ceil_mode: bool = False) -> tuple[list[Dim], list[int | None], list[int | None]]:
-    """Output extent, begin and end pads of a window sliding over `size`, from strides/dilations/pads/auto_pad.
+    """Output extent, begin and end pads of a window over `size` (strides, dilations, pads, auto_pad).
 
     ONNX: with auto_pad SAME_UPPER/SAME_LOWER "output_shape[i] = ceil(input_shape[i] / strides[i])",
     the padding is split evenly with the extra one at the end (UPPER) or the beginning (LOWER);
@@ -343,7 +343,8 @@ class Conv(Kernel):
         g, win = self.group, self.win
         n, c = x.shape[:2]
         inner = int(np.prod(win.out[1:], dtype=np.int64))
-        cols = workspace[:self.nbytes].view(x.dtype).reshape((c,) + win.kernel + (self.step,) + win.out[1:])
+        shape = (c,) + win.kernel + (self.step,) + win.out[1:]
+        cols = workspace[:self.nbytes].view(x.dtype).reshape(shape)
         w3 = w.reshape(g, w.shape[0] // g, -1)
         gemm_in = cols.reshape(g, w3.shape[2], self.step * inner)
         bias_shape = (g, w3.shape[1], 1)
@@ -390,7 +391,7 @@ def transposed_window(ctx: OpContext, size: Sequence[Dim], kernel: Sequence[int]
     end: list[int | None] = []
     for i in range(nd):
         n, s = size[i], strides[i]
-        full = (n - 1) * s + extra[i] + (kernel[i] - 1) * dilations[i] + 1 if isinstance(n, int) else None
+        full = ((n - 1) * s + extra[i] + (kernel[i] - 1) * dilations[i] + 1) if isinstance(n, int) else None
         if wanted is None and auto_pad in ("NOTSET", "VALID"):
             b, e = (int(pads[i]), int(pads[i + nd])) if auto_pad == "NOTSET" else (0, 0)
             out.append(full - b - e if full is not None else None)
@@ -437,7 +438,8 @@ class ConvTranspose(Kernel):
         group = int(ctx.attrs.get("group", 1))
         channels = x.shape[1]
         if group < 1 or isinstance(channels, int) and channels % group:
-            raise ShapeError(f"{ctx.name}: {channels} input channels cannot be split into group={group} groups")
+            raise ShapeError(f"{ctx.name}: {channels} input channels cannot be split into "
+                             f"group={group} groups")
         if isinstance(channels, int) and isinstance(w.shape[0], int) and channels != w.shape[0]:
             raise ShapeError(f"{ctx.name}: X has {channels} channels but W's dim 0 is {w.shape[0]}; "
                              f"ConvTranspose weights are (C, M/group, *kernel)")
@@ -483,7 +485,8 @@ class ConvTranspose(Kernel):
         n, c = x.shape[:2]
         inner = int(np.prod(win.out[1:], dtype=np.int64))
         filters = y.shape[1]
-        cols = workspace[:self.nbytes].view(x.dtype).reshape((filters,) + win.kernel + (self.step,) + win.out[1:])
+        shape = (filters,) + win.kernel + (self.step,) + win.out[1:]
+        cols = workspace[:self.nbytes].view(x.dtype).reshape(shape)
         wt = w.reshape(g, c // g, -1).transpose(0, 2, 1)
         gemm_out = cols.reshape(g, wt.shape[1], self.step * inner)
         for i in range(n):

@@ -58,7 +58,8 @@ class _Stage:
         if n != out * stride or (stride != 1 and inner != 1) or len(edges) * 2 > out:
             return _Stage(tuple(taps))
         shifts = tuple(t.index[0] * line.dilations[0] - line.begin[0] for t in taps)
-        reads = tuple((o, tuple(o * stride + sh for sh in shifts if 0 <= o * stride + sh < n)) for o in edges)
+        reads = tuple((o, tuple(o * stride + sh for sh in shifts if 0 <= o * stride + sh < n))
+                      for o in edges)
         return _Stage(tuple(taps), shifts, reads)
 
 
@@ -83,7 +84,8 @@ class _WindowPool(Kernel):
                  outputs: Sequence[TensorInfo]) -> None:
         super().__init__(ctx, inputs, outputs)
         x = inputs[0]
-        self.win = window_of(ctx, x.shape[2:], _kernel_shape(ctx, x), bool(ctx.attrs.get("ceil_mode", 0)))
+        ceil_mode = bool(ctx.attrs.get("ceil_mode", 0))
+        self.win = window_of(ctx, x.shape[2:], _kernel_shape(ctx, x), ceil_mode)
         w = self.win
         nd = len(w.kernel)
         self.stages = [_Stage.plan(Window(w.size[d:d + 1], w.kernel[d:d + 1], w.strides[d:d + 1],
@@ -96,7 +98,8 @@ class _WindowPool(Kernel):
     def workspace(self) -> int:
         return self.stage_bytes
 
-    def _reduce(self, ufunc: np.ufunc, x: np.ndarray, y: np.ndarray, workspace: np.ndarray | None) -> None:
+    def _reduce(self, ufunc: np.ufunc, x: np.ndarray, y: np.ndarray,
+                workspace: np.ndarray | None) -> None:
         """y = ufunc-reduction of x over each window (padding is skipped), one spatial dim at a time."""
         src, offset = x, 0
         for d, stage in enumerate(self.stages):
@@ -114,7 +117,8 @@ class _WindowPool(Kernel):
                 self._tap_stage(ufunc, stage, src, dst, lead)
             src = dst
 
-    def _tap_stage(self, ufunc: np.ufunc, stage: _Stage, src: np.ndarray, dst: np.ndarray, lead: tuple) -> None:
+    def _tap_stage(self, ufunc: np.ufunc, stage: _Stage, src: np.ndarray, dst: np.ndarray,
+                   lead: tuple) -> None:
         rest = stage.taps
         if rest and rest[0].bounds == ((0, dst.shape[len(lead)]),):
             np.copyto(dst, src[lead + rest[0].src])
@@ -125,7 +129,8 @@ class _WindowPool(Kernel):
             view = dst[lead + tap.dst]
             ufunc(view, src[lead + tap.src], out=view)
 
-    def _flat_stage(self, ufunc: np.ufunc, stage: _Stage, src: np.ndarray, dst: np.ndarray, lead: tuple) -> None:
+    def _flat_stage(self, ufunc: np.ufunc, stage: _Stage, src: np.ndarray, dst: np.ndarray,
+                    lead: tuple) -> None:
         stride, inner = self.win.strides[len(lead) - 2], math.prod(src.shape[len(lead) + 1:])
         flat_src, flat_dst = src.reshape(-1), dst.reshape(-1)
         for i, shift in enumerate(stage.shifts):
