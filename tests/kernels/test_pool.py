@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import omrt.kernels.conv as conv
 from omrt.errors import ShapeError
 from omrt.kernels import OpContext, TensorInfo, lookup
 from tests.kernel_check import check, run_kernel
@@ -312,3 +313,15 @@ def test_pools_flat_stages(xs, attrs):
         np.testing.assert_allclose(y, spec_pool(x, "avg", avg)[0], rtol=1e-5, atol=1e-6)
     (y,) = run_kernel("LpPool", [x], dict(attrs, p=2))
     np.testing.assert_allclose(y, spec_pool(x, "lp", dict(attrs, p=2))[0], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("cap", [1, 800])
+@pytest.mark.parametrize("xs,attrs", [FLAT_CASES[0], FLAT_CASES[6], POOL_CASES[2]])
+def test_pools_in_plane_blocks(monkeypatch, cap, xs, attrs):
+    """Small workspace caps make the pools reduce a few (N, C) planes at a time."""
+    monkeypatch.setattr(conv, "WORKSPACE_CAP", cap)
+    x = rand(*xs)
+    (y, _) = run_kernel("MaxPool", [x], attrs)
+    np.testing.assert_array_equal(y, spec_pool(x, "max", attrs)[0])
+    (y,) = run_kernel("AveragePool", [x], attrs)
+    np.testing.assert_allclose(y, spec_pool(x, "avg", attrs)[0], rtol=1e-5, atol=1e-6)

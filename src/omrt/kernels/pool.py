@@ -14,6 +14,7 @@ import numpy as np
 
 from ..errors import ShapeError
 from .base import Kernel, OpContext, TensorInfo, register
+from . import conv
 from .conv import Tap, Window, int_list, sliding_window, window_of
 
 _ALL = (Ellipsis,)
@@ -92,7 +93,10 @@ class _WindowPool(Kernel):
                                           w.dilations[d:d + 1], w.begin[d:d + 1], w.end[d:d + 1],
                                           w.out[d:d + 1]), math.prod(w.size[d + 1:]))
                        for d in range(nd)]
-        self.stage_shapes = [tuple(x.shape[:2]) + w.out[:d + 1] + w.size[d + 1:] for d in range(nd - 1)]
+        planes = math.prod(x.shape[:2])
+        per_plane = sum(math.prod(w.out[:d + 1] + w.size[d + 1:]) for d in range(nd - 1)) * x.dtype.itemsize
+        self.block = max(1, min(planes, conv.WORKSPACE_CAP // max(per_plane, 1)))
+        self.stage_shapes = [(self.block,) + w.out[:d + 1] + w.size[d + 1:] for d in range(nd - 1)]
         self.stage_bytes = sum(_align(math.prod(sh) * x.dtype.itemsize) for sh in self.stage_shapes)
 
     def workspace(self) -> int:
@@ -100,22 +104,28 @@ class _WindowPool(Kernel):
 
     def _reduce(self, ufunc: np.ufunc, x: np.ndarray, y: np.ndarray,
                 workspace: np.ndarray | None) -> None:
-        """y = ufunc-reduction of x over each window (padding is skipped), one spatial dim at a time."""
-        src, offset = x, 0
-        for d, stage in enumerate(self.stages):
-            if d < len(self.stage_shapes):
-                shape = self.stage_shapes[d]
-                nbytes = math.prod(shape) * x.dtype.itemsize
-                dst = workspace[offset:offset + nbytes].view(x.dtype).reshape(shape)
-                offset += _align(nbytes)
-            else:
-                dst = y
-            lead = (slice(None),) * (2 + d)
-            if stage.shifts and dst.size:
-                self._flat_stage(ufunc, stage, src, dst, lead)
-            else:
-                self._tap_stage(ufunc, stage, src, dst, lead)
-            src = dst
+        """y = ufunc-reduction of x over each window (padding is skipped), one spatial dim at a time.
+
+        Planes (N * C of them) go in blocks so that the intermediates stay within WORKSPACE_CAP.
+        """
+        xs, ys = x.reshape((-1,) + x.shape[2:]), y.reshape((-1,) + y.shape[2:])
+        for b0 in range(0, xs.shape[0], self.block):
+            src, offset = xs[b0:b0 + self.block], 0
+            count = src.shape[0]
+            for d, stage in enumerate(self.stages):
+                if d < len(self.stage_shapes):
+                    shape = (count,) + self.stage_shapes[d][1:]
+                    nbytes = math.prod(shape) * x.dtype.itemsize
+                    dst = workspace[offset:offset + nbytes].view(x.dtype).reshape(shape)
+                    offset += _align(math.prod(self.stage_shapes[d]) * x.dtype.itemsize)
+                else:
+                    dst = ys[b0:b0 + count]
+                lead = (slice(None),) * (1 + d)
+                if stage.shifts and dst.size:
+                    self._flat_stage(ufunc, stage, src, dst, lead)
+                else:
+                    self._tap_stage(ufunc, stage, src, dst, lead)
+                src = dst
 
     def _tap_stage(self, ufunc: np.ufunc, stage: _Stage, src: np.ndarray, dst: np.ndarray,
                    lead: tuple) -> None:
@@ -131,7 +141,7 @@ class _WindowPool(Kernel):
 
     def _flat_stage(self, ufunc: np.ufunc, stage: _Stage, src: np.ndarray, dst: np.ndarray,
                     lead: tuple) -> None:
-        stride, inner = self.win.strides[len(lead) - 2], math.prod(src.shape[len(lead) + 1:])
+        stride, inner = self.win.strides[len(lead) - 1], math.prod(src.shape[len(lead) + 1:])
         flat_src, flat_dst = src.reshape(-1), dst.reshape(-1)
         for i, shift in enumerate(stage.shifts):
             offset = shift * inner
