@@ -1,7 +1,8 @@
 """Pooling kernels: windowed max/average/Lp pools, their global forms, MaxRoiPool and MaxUnpool.
 
-Windowed pools loop over kernel taps, never over output pixels: each tap is one ufunc call over
-a strided view of the input (the taps' geometry is shared with the convolutions).
+Windowed pools never loop over output pixels: they reduce one spatial dim at a time with one
+ufunc call per kernel tap over a strided (or flat, shifted) view, a block of (N, C) planes at a
+time; the window geometry is shared with the convolutions.
 """
 
 from __future__ import annotations
