@@ -8,6 +8,7 @@ input already is the column matrix).
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -212,15 +213,17 @@ def _flat_move(win: Window, tap: Tap, r0: int, r1: int) -> tuple[tuple, tuple] |
     the chunk reads pixel p + shift. Positions whose read crosses a row edge get a neighbour pixel;
     they are exactly the tap's padding strips, zeroed after the copy.
     """
-    inner = int(np.prod(win.size[1:], dtype=np.int64))
+    inner = math.prod(win.size[1:])
     pixels = inner * win.size[0]
     shift = r0 * inner
     for i, (t, d, b) in enumerate(zip(tap.index, win.dilations, win.begin)):
-        shift += (t * d - b) * int(np.prod(win.size[i + 1:], dtype=np.int64))
+        shift += (t * d - b) * math.prod(win.size[i + 1:])
     lo, hi = max(0, -shift), min((r1 - r0) * inner, pixels - shift)
     if hi <= lo:
         return None
-    k = int(np.ravel_multi_index(tap.index, win.kernel))
+    k = 0
+    for t, n in zip(tap.index, win.kernel):
+        k = k * n + t
     return (slice(None), k, slice(lo, hi)), (slice(None), slice(lo + shift, hi + shift))
 
 
@@ -305,8 +308,8 @@ class Conv(Kernel):
                      and all(b == 0 for b in self.win.begin) and self.win.out == self.win.size)
         self.mode = "pointwise" if pointwise else "im2col"
         itemsize = x.dtype.itemsize
-        inner = int(np.prod(self.win.out[1:], dtype=np.int64))
-        taps = int(np.prod(kernel, dtype=np.int64))
+        inner = math.prod(self.win.out[1:])
+        taps = math.prod(kernel)
         self.step = _row_chunks(self.win.out[0], channels * taps * inner * itemsize)
         self.flat = all(s == 1 for s in self.win.strides) and self.win.out == self.win.size
         self.chunks = _plan_chunks(self.win, self.step, self.flat) if self.mode == "im2col" else []
@@ -333,7 +336,7 @@ class Conv(Kernel):
 
     def _pointwise(self, x, w, b, y) -> None:
         n, g = x.shape[0], self.group
-        p = int(np.prod(x.shape[2:], dtype=np.int64))
+        p = math.prod(x.shape[2:])
         w3 = w.reshape(g, w.shape[0] // g, -1)
         y4 = y.reshape(n, g, w3.shape[1], p)
         np.matmul(w3, x.reshape(n, g, w3.shape[2], p), out=y4)
@@ -342,7 +345,7 @@ class Conv(Kernel):
     def _im2col(self, x, w, b, y, workspace) -> None:
         g, win = self.group, self.win
         n, c = x.shape[:2]
-        inner = int(np.prod(win.out[1:], dtype=np.int64))
+        inner = math.prod(win.out[1:])
         shape = (c,) + win.kernel + (self.step,) + win.out[1:]
         cols = workspace[:self.nbytes].view(x.dtype).reshape(shape)
         w3 = w.reshape(g, w.shape[0] // g, -1)
@@ -463,8 +466,8 @@ class ConvTranspose(Kernel):
                           tuple(int_list(ctx, "dilations", nd, 1)), tuple(begin), tuple(end),
                           tuple(x.shape[2:]))
         filters = w.shape[1] * self.group
-        inner = int(np.prod(x.shape[3:], dtype=np.int64))
-        taps = int(np.prod(kernel, dtype=np.int64))
+        inner = math.prod(x.shape[3:])
+        taps = math.prod(kernel)
         row_bytes = filters * taps * inner * x.dtype.itemsize
         self.step = _row_chunks(x.shape[2], row_bytes)
         self.chunks = _plan_chunks(self.win, self.step) if x.shape[2] else []
@@ -483,7 +486,7 @@ class ConvTranspose(Kernel):
             y.fill(0)
         g, win = self.group, self.win
         n, c = x.shape[:2]
-        inner = int(np.prod(win.out[1:], dtype=np.int64))
+        inner = math.prod(win.out[1:])
         filters = y.shape[1]
         shape = (filters,) + win.kernel + (self.step,) + win.out[1:]
         cols = workspace[:self.nbytes].view(x.dtype).reshape(shape)
