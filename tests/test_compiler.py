@@ -47,13 +47,17 @@ def test_shape_subgraph_folds_and_reshape_becomes_an_alias(tmp_path):
     assert res.program.places["y"].region == "output" and res.program.places["r"].region == "output"
 
 
-def test_conv_batchnorm_relu_become_one_conv(tmp_path):
+def test_conv_batchnorm_scale_shift_relu_become_one_conv(tmp_path):
     w = RNG.standard_normal((8, 3, 3, 3)).astype(np.float32)
     stats = [RNG.random(8).astype(np.float32) + 0.5 for _ in range(4)]
     nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
              helper.make_node("BatchNormalization", ["c", "s", "b", "m", "v"], ["bn"], epsilon=1e-3),
-             helper.make_node("Relu", ["bn"], ["y"])]
-    inits = [numpy_helper.from_array(w, "w")] + [numpy_helper.from_array(a, n) for a, n in zip(stats, "sbmv")]
+             helper.make_node("Mul", ["bn", "k"], ["scaled"]), helper.make_node("Add", ["t", "scaled"], ["sh"]),
+             helper.make_node("Relu", ["sh"], ["y"])]
+    inits = [numpy_helper.from_array(w, "w"),
+             numpy_helper.from_array(RNG.standard_normal((8, 1, 1)).astype(np.float32), "k"),
+             numpy_helper.from_array(RNG.standard_normal((1, 8, 1, 1)).astype(np.float32), "t")]
+    inits += [numpy_helper.from_array(a, n) for a, n in zip(stats, "sbmv")]
     m = _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
                [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 8, 8])], inits)
     res = _run_both(m, {"x": RNG.standard_normal((1, 3, 8, 8)).astype(np.float32)}, tmp_path)
@@ -118,3 +122,18 @@ def test_symbolic_dims_survive_to_the_runtime(tmp_path):
         x = RNG.standard_normal((n, 4)).astype(np.float32)
         e = np.exp(x - x.max(-1, keepdims=True))
         np.testing.assert_allclose(model.session().run({"x": x})["y"], e / e.sum(-1, keepdims=True), rtol=1e-5)
+
+
+def test_batchnorm_takes_a_following_scale_shift_and_relu(tmp_path):
+    stats = [RNG.random(4).astype(np.float32) + 0.5 for _ in range(4)]
+    nodes = [helper.make_node("BatchNormalization", ["x", "s", "b", "m", "v"], ["bn"]),
+             helper.make_node("Mul", ["bn", "k"], ["scaled"]), helper.make_node("Add", ["scaled", "t"], ["sh"]),
+             helper.make_node("Relu", ["sh"], ["y"])]
+    inits = [numpy_helper.from_array(RNG.standard_normal((4, 1, 1)).astype(np.float32), "k"),
+             numpy_helper.from_array(RNG.standard_normal((4, 1, 1)).astype(np.float32), "t")]
+    inits += [numpy_helper.from_array(a, n) for a, n in zip(stats, "sbmv")]
+    m = _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4, 3, 3])],
+               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4, 3, 3])], inits)
+    res = _run_both(m, {"x": RNG.standard_normal((2, 4, 3, 3)).astype(np.float32)}, tmp_path)
+    (bn,) = res.graph.nodes
+    assert bn.op_type == "BatchNormalization" and bn.attrs["_act"] == "Relu"

@@ -77,6 +77,77 @@ def fold_batchnorm(graph: Graph) -> Graph:
     return remove_dead_code(graph)
 
 
+def _per_channel(value: np.ndarray, rank: int, channels: int) -> np.ndarray | None:
+    """`value` as a (channels,) vector if it broadcasts along axis 1 only of a rank-`rank` tensor."""
+    if value.ndim > rank or value.dtype.kind != "f":
+        return None
+    full = value.reshape((1,) * (rank - value.ndim) + value.shape)
+    if any(d != 1 for i, d in enumerate(full.shape) if i != 1) or full.shape[1] not in (1, channels):
+        return None
+    return np.broadcast_to(full.reshape(-1), (channels,)).astype(np.float64)
+
+
+def fold_channel_affine(graph: Graph) -> Graph:
+    """Fold a per-channel constant Mul or Add after Conv or inference BatchNormalization into it.
+
+    Conv: W' = W * m (per output channel), B' = B * m + a. BatchNormalization:
+    scale' = scale * m, B' = B * m + a. Repeats until nothing folds.
+    """
+    changed = True
+    while changed:
+        changed = False
+        uses = graph.consumers()
+        producers = graph.producers()
+        for j, op in enumerate(graph.nodes):
+            if op.op_type not in ("Mul", "Add") or op.domain or len(op.inputs) != 2:
+                continue
+            data = next((v for v in op.inputs if v in producers and v not in graph.constants), None)
+            const = next((v for v in op.inputs if v in graph.constants), None)
+            if data is None or const is None or _sole_consumer(graph, data, uses) != j:
+                continue
+            prod = graph.nodes[producers[data]]
+            info = graph.infos[data]
+            if (prod.op_type not in ("Conv", "BatchNormalization") or prod.domain or "_act" in prod.attrs
+                    or info.rank < 2 or not isinstance(info.shape[1], int)
+                    or graph.infos[op.outputs[0]].shape != info.shape
+                    or len([o for o in prod.outputs if o]) != 1):
+                continue
+            vec = _per_channel(graph.constants[const], info.rank, info.shape[1])
+            if vec is None:
+                continue
+            if prod.op_type == "Conv":
+                w = graph.constants.get(prod.inputs[1])
+                has_b = len(prod.inputs) > 2 and prod.inputs[2]
+                b = graph.constants.get(prod.inputs[2]) if has_b else np.zeros(info.shape[1], info.dtype)
+                if w is None or b is None or int(prod.attrs.get("group", 1)) < 1:
+                    continue
+                scale_name, bias_name = prod.inputs[1], prod.inputs[2] if has_b else ""
+                scale = w.astype(np.float64)
+                per = (-1,) + (1,) * (w.ndim - 1)
+            else:
+                if prod.attrs.get("training_mode", 0) or any(v not in graph.constants for v in prod.inputs[1:5]):
+                    continue
+                scale_name, bias_name = prod.inputs[1], prod.inputs[2]
+                scale = graph.constants[scale_name].astype(np.float64)
+                b = graph.constants[bias_name]
+                per = (-1,)
+            bias = b.astype(np.float64)
+            if op.op_type == "Mul":
+                scale = scale * vec.reshape(per)
+                bias = bias * vec
+            else:
+                bias = bias + vec
+            tag = f"{op.outputs[0]}__affine"
+            graph.add_constant(f"{tag}_s", scale.astype(graph.constants.get(scale_name, b).dtype))
+            graph.add_constant(f"{tag}_b", bias.astype(b.dtype))
+            prod.inputs = [prod.inputs[0], f"{tag}_s", f"{tag}_b", *prod.inputs[3:]]
+            prod.outputs = [op.outputs[0]]
+            graph.nodes.pop(j)
+            changed = True
+            break
+    return remove_dead_code(graph)
+
+
 def _activation_attrs(node: Node, graph: Graph) -> dict | None:
     """The `_act*` attributes that fold activation `node` into its producer, or None if it cannot."""
     op = node.op_type
@@ -155,6 +226,7 @@ def fuse_matmul_bias(graph: Graph) -> Graph:
 
 def optimize(graph: Graph) -> Graph:
     """The compile-time pipeline, in the order that exposes the most fusion."""
-    for rewrite in (remove_dead_code, fold_batchnorm, fuse_matmul_bias, fuse_activations):
+    for rewrite in (remove_dead_code, fold_batchnorm, fold_channel_affine, fuse_matmul_bias,
+                    fuse_activations):
         graph = rewrite(graph)
     return graph

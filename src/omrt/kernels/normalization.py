@@ -7,8 +7,8 @@ from typing import Sequence
 import numpy as np
 
 from ..errors import ShapeError
-from .base import (Dim, Kernel, OpContext, Shape, TensorInfo, broadcast_shapes, normalize_axis, numel,
-                   register)
+from .base import (FUSED_ACTIVATIONS, Dim, Kernel, OpContext, Shape, TensorInfo, apply_activation,
+                   broadcast_shapes, normalize_axis, numel, register)
 
 _STASH_TYPES = {1: np.dtype(np.float32), 10: np.dtype(np.float16), 11: np.dtype(np.float64)}
 
@@ -122,6 +122,7 @@ class BatchNormalization(_SameShape):
 
     inplace = {0: 0}
     min_rank = 2
+    fuses = frozenset(FUSED_ACTIVATIONS)
 
     @classmethod
     def param_length(cls, ctx: OpContext, x: TensorInfo) -> Dim:
@@ -148,6 +149,16 @@ class BatchNormalization(_SameShape):
         x = inputs[0]
         self.ct = compute_dtype(x.dtype)
         self.buffered = self.training and self.ct != x.dtype
+        stats = [i.value if i is not None else None for i in inputs[1:5]]
+        self.affine = (None if self.training or any(v is None for v in stats)
+                       else self._affine(*stats, x.rank))
+
+    def _affine(self, scale, bias, mean, var, rank: int) -> tuple[np.ndarray, np.ndarray]:
+        """The per-channel multiply and add that inference BatchNorm reduces to."""
+        ct = self.ct
+        a = scale.astype(ct) / np.sqrt(var.astype(ct) + ct.type(self.epsilon))
+        b = bias.astype(ct) - mean.astype(ct) * a
+        return _channel_view(a, rank), _channel_view(b, rank)
 
     def workspace(self) -> int:
         return carve_size(self.ct, self.inputs[0].shape) if self.buffered else 0
@@ -155,13 +166,13 @@ class BatchNormalization(_SameShape):
     def run(self, inputs, outputs, workspace):
         x, scale, bias, mean, var = inputs[:5]
         y = outputs[0]
-        ct = self.ct
         if not self.training:
-            a = scale.astype(ct) / np.sqrt(var.astype(ct) + ct.type(self.epsilon))
-            b = bias.astype(ct) - mean.astype(ct) * a
-            np.multiply(x, _channel_view(a, x.ndim), out=y, casting="same_kind")
-            np.add(y, _channel_view(b, x.ndim), out=y, casting="same_kind")
+            a, b = self.affine or self._affine(scale, bias, mean, var, x.ndim)
+            np.multiply(x, a, out=y, casting="same_kind")
+            np.add(y, b, out=y, casting="same_kind")
+            apply_activation(y, self.ctx)
             return
+        ct = self.ct
         buf = carve(workspace, ct, x.shape)[0] if self.buffered else y
         if self.buffered:
             np.copyto(buf, x)
