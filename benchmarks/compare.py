@@ -4,10 +4,12 @@
     python benchmarks/compare.py --models squeezenet,mlp --runs 50 --threads 1 --json out.json --png out.png
 
 The suite: the nine light models the onnx package ships (the ONNX backend tests' input,
-arange(n)/n), an MLP (3 layers, 1024 wide, batch 64, MatMul+Add+Relu) and an image
-preprocessing model over a 1080p uint8 HWC frame (Cast, Sub, Div, Transpose to CHW); when omrt
+arange(n)/n), an MLP (3 layers, 1024 wide, batch 64, MatMul+Add+Relu), an image
+preprocessing model over a 1080p uint8 HWC frame (Cast, Sub, Div, Transpose to CHW), `transformer`
+(a BERT-base-like encoder, TRANSFORMER_LAYERS layers, sequence 128, in the ops exporters emit)
+and `big_mlp` (over 500 MB of weights: 8 layers of 4096x4096 MatMul+Add+Relu, batch 8); when omrt
 registers a Resize kernel the suite also has `preprocess_resize` (the same, then a linear Resize
-to 540x960).
+to 540x960). Synthetic models get deterministic random weights.
 
 Each model is measured in a subprocess of its own (so one model's memory never weighs on the
 next). In it the model is compiled once, then for each thread count:
@@ -39,7 +41,9 @@ import time
 
 LIGHT = ["bvlc_alexnet", "densenet121", "inception_v1", "inception_v2", "resnet50", "shufflenet",
          "squeezenet", "vgg19", "zfnet512"]
-SYNTHETIC = ["mlp", "preprocess", "preprocess_resize"]
+SYNTHETIC = ["mlp", "preprocess", "preprocess_resize", "transformer", "big_mlp"]
+TRANSFORMER_LAYERS = 4
+"""Encoder layers in `transformer` (BERT-base has 12; 4 keep a suite run short)."""
 VARIANTS = ("omrt", "ort_run", "ort_iobinding")
 
 
@@ -64,6 +68,86 @@ def mlp_model(layers: int = 3, width: int = 1024, batch: int = 64):
     nodes[-1].output[0] = "y"
     g = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, width])],
                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, width])], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def transformer_model(layers: int = TRANSFORMER_LAYERS, hidden: int = 768, heads: int = 12, ffn: int = 3072,
+                      seq: int = 128, batch: int = 1):
+    """A BERT-base-like encoder in the ops its exporters emit.
+
+    Per layer: Q, K, V as MatMul+Add, Reshape/Transpose into heads (K transposed for the scores),
+    MatMul, Div by sqrt(head size), Add of an additive attention mask (a constant: the last 16
+    positions are padding), Softmax, MatMul, Transpose/Reshape back, output projection, residual
+    Add, LayerNormalization; then FFN MatMul+Add, Gelu as x * 0.5 * (1 + Erf(x / sqrt(2))),
+    MatMul+Add, residual Add, LayerNormalization. Input: hidden states (batch, seq, hidden).
+    """
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    d = hidden // heads
+    nodes, inits = [], []
+
+    def const(name, value):
+        inits.append(numpy_helper.from_array(np.asarray(value), name))
+        return name
+
+    def dense(x, n_in, n_out, name):
+        w = (rng.standard_normal((n_in, n_out)) / math.sqrt(n_in)).astype(np.float32)
+        b = (rng.standard_normal(n_out) * 0.02).astype(np.float32)
+        nodes.append(helper.make_node("MatMul", [x, const(f"{name}.weight", w)], [f"{name}.mm"]))
+        nodes.append(helper.make_node("Add", [f"{name}.mm", const(f"{name}.bias", b)], [f"{name}.out"]))
+        return f"{name}.out"
+
+    def layer_norm(x, name):
+        scale = (1 + rng.standard_normal(hidden) * 0.02).astype(np.float32)
+        bias = (rng.standard_normal(hidden) * 0.02).astype(np.float32)
+        nodes.append(helper.make_node("LayerNormalization", [x, const(f"{name}.gamma", scale),
+                                                             const(f"{name}.beta", bias)],
+                                      [f"{name}.out"], axis=-1, epsilon=1e-12))
+        return f"{name}.out"
+
+    def op(op_type, inputs, name, **attrs):
+        nodes.append(helper.make_node(op_type, inputs, [name], **attrs))
+        return name
+
+    mask = np.zeros((batch, 1, 1, seq), np.float32)
+    mask[..., seq - 16:] = -10000.0
+    const("attention_mask", mask)
+    const("heads_shape", np.array([batch, seq, heads, d], np.int64))
+    const("hidden_shape", np.array([batch, seq, hidden], np.int64))
+    const("sqrt_d", np.array(math.sqrt(d), np.float32))
+    const("sqrt_2", np.array(math.sqrt(2.0), np.float32))
+    const("one", np.array(1.0, np.float32))
+    const("half", np.array(0.5, np.float32))
+    x = "hidden_states"
+    for i in range(layers):
+        p = f"layer{i}"
+        q, k, v = (op("Reshape", [dense(x, hidden, hidden, f"{p}.{n}"), "heads_shape"], f"{p}.{n}.heads")
+                   for n in ("query", "key", "value"))
+        q = op("Transpose", [q], f"{p}.q", perm=[0, 2, 1, 3])
+        k = op("Transpose", [k], f"{p}.kT", perm=[0, 2, 3, 1])
+        v = op("Transpose", [v], f"{p}.v", perm=[0, 2, 1, 3])
+        s = op("MatMul", [q, k], f"{p}.scores")
+        s = op("Div", [s, "sqrt_d"], f"{p}.scaled")
+        s = op("Add", [s, "attention_mask"], f"{p}.masked")
+        s = op("Softmax", [s], f"{p}.probs", axis=-1)
+        c = op("MatMul", [s, v], f"{p}.context")
+        c = op("Transpose", [c], f"{p}.context.t", perm=[0, 2, 1, 3])
+        c = op("Reshape", [c, "hidden_shape"], f"{p}.context.merged")
+        a = op("Add", [dense(c, hidden, hidden, f"{p}.attention.output"), x], f"{p}.attention.residual")
+        a = layer_norm(a, f"{p}.attention.norm")
+        h = dense(a, hidden, ffn, f"{p}.intermediate")
+        e = op("Erf", [op("Div", [h, "sqrt_2"], f"{p}.gelu.div")], f"{p}.gelu.erf")
+        g = op("Mul", [op("Mul", [h, "half"], f"{p}.gelu.half"), op("Add", [e, "one"], f"{p}.gelu.add")],
+               f"{p}.gelu")
+        f = op("Add", [dense(g, ffn, hidden, f"{p}.output"), a], f"{p}.output.residual")
+        x = layer_norm(f, f"{p}.output.norm")
+    nodes[-1].output[0] = "last_hidden_state"
+    shape = [batch, seq, hidden]
+    g = helper.make_graph(nodes, "transformer",
+                          [helper.make_tensor_value_info("hidden_states", TensorProto.FLOAT, shape)],
+                          [helper.make_tensor_value_info("last_hidden_state", TensorProto.FLOAT, shape)], inits)
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
 
 
@@ -108,6 +192,10 @@ def build(name: str, tmp: str) -> str:
 
     if name == "mlp":
         proto = mlp_model()
+    elif name == "big_mlp":
+        proto = mlp_model(layers=8, width=4096, batch=8)
+    elif name == "transformer":
+        proto = transformer_model()
     elif name == "preprocess":
         proto = preprocess_model(resize=False)
     elif name == "preprocess_resize":
@@ -331,7 +419,7 @@ def chart(results: list[dict], threads: list[int], path: str) -> None:
 
 
 def default_models() -> list[str]:
-    names = LIGHT + ["mlp", "preprocess"]
+    names = LIGHT + ["mlp", "preprocess", "transformer", "big_mlp"]
     try:
         if omrt_has("Resize"):
             names.append("preprocess_resize")

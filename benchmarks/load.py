@@ -2,6 +2,7 @@
 
     python benchmarks/load.py                    # vgg19, 5 repetitions, 1 thread
     python benchmarks/load.py --model resnet50 --reps 7 --threads 2 --json load.json
+    python benchmarks/load.py --model big_mlp       # a synthetic model of compare.py, built first
 
 The model is compiled to `.om` once, before any measurement (in a worker process of its own),
 and the compile time is reported on its own. One unmeasured round per side follows (byte-code
@@ -38,6 +39,8 @@ import time
 
 LIGHT = ["bvlc_alexnet", "densenet121", "inception_v1", "inception_v2", "resnet50", "shufflenet",
          "squeezenet", "vgg19", "zfnet512"]
+SYNTHETIC = ["mlp", "preprocess", "preprocess_resize", "transformer", "big_mlp"]
+"""Models compare.py builds with onnx.helper; they are written to a temporary .onnx by a worker."""
 
 TARGET_LOAD_SPEEDUP = 10.0
 TARGET_RSS_RATIO = 0.7
@@ -138,6 +141,14 @@ def worker_compile(src: str, out: str) -> dict:
     return {"compile_s": res.seconds, "om_bytes": os.path.getsize(out), "weights_bytes": res.weights_bytes}
 
 
+def worker_build(name: str, folder: str) -> dict:
+    """Write compare.py's synthetic model `name` into `folder`; returns its path."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from compare import build
+
+    return {"path": build(name, folder)}
+
+
 def worker_check(omrt_npz: str, ort_npz: str, expected: str | None) -> dict:
     """Compare omrt's first-run outputs with ORT's (and with the shipped expected output, if any)."""
     import numpy as np
@@ -166,7 +177,7 @@ def worker_check(omrt_npz: str, ort_npz: str, expected: str | None) -> dict:
 
 def resolve_model(name: str) -> tuple[str, str | None]:
     """(onnx path, expected-output path or None) for a light-model name or an .onnx path."""
-    if os.path.isfile(name):
+    if os.path.isfile(name) or name in SYNTHETIC:
         return name, None
     import importlib.util
 
@@ -176,7 +187,8 @@ def resolve_model(name: str) -> tuple[str, str | None]:
     base = os.path.join(list(spec.submodule_search_locations)[0], "backend", "test", "data", "light")
     src, expected = os.path.join(base, f"light_{name}.onnx"), os.path.join(base, f"light_{name}_output_0.pb")
     if not os.path.isfile(src):
-        raise SystemExit(f"--model {name!r}: neither a file nor a light model ({', '.join(LIGHT)})")
+        raise SystemExit(f"--model {name!r}: neither a file nor a light model ({', '.join(LIGHT)}) "
+                         f"nor a synthetic one ({', '.join(SYNTHETIC)})")
     return src, expected if os.path.isfile(expected) else None
 
 
@@ -209,12 +221,13 @@ def mib(n: float) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="vgg19", help="a light model name or an .onnx path (default vgg19)")
+    ap.add_argument("--model", default="vgg19",
+                    help="a light model name, a synthetic model of compare.py or an .onnx path (default vgg19)")
     ap.add_argument("--reps", type=int, default=5, help="fresh-process repetitions per side (default 5)")
     ap.add_argument("--threads", type=int, default=1,
                     help="BLAS threads for omrt, intra-op threads for ORT (default 1)")
     ap.add_argument("--json", metavar="FILE", help="write every measurement and the medians here")
-    ap.add_argument("--worker", choices=["omrt", "ort", "compile", "check"], help=argparse.SUPPRESS)
+    ap.add_argument("--worker", choices=["omrt", "ort", "compile", "check", "build"], help=argparse.SUPPRESS)
     ap.add_argument("--expected", help=argparse.SUPPRESS)
     ap.add_argument("--path", help=argparse.SUPPRESS)
     ap.add_argument("--save", help=argparse.SUPPRESS)
@@ -232,10 +245,15 @@ def main(argv=None) -> int:
     if args.worker == "check":
         print(json.dumps(worker_check(args.path, args.save, args.expected)))
         return 0
+    if args.worker == "build":
+        print(json.dumps(worker_build(args.path, args.save)))
+        return 0
 
     src, expected = resolve_model(args.model)
     with tempfile.TemporaryDirectory() as tmp:
         env = worker_env(args.threads, os.path.join(tmp, "pycache"))
+        if src in SYNTHETIC and not os.path.isfile(src):
+            src = spawn(["--worker", "build", "--path", src, "--save", tmp], env)["path"]
         om = os.path.join(tmp, "model.om")
         comp = spawn(["--worker", "compile", "--path", src, "--save", om], env)
         compile_s, om_size, onnx_size = comp["compile_s"], comp["om_bytes"], os.path.getsize(src)
