@@ -36,13 +36,34 @@ def dtype_from_name(name: str) -> np.dtype:
     return np.dtype(getattr(ml_dtypes, name))
 
 
+TENSOR, SEQUENCE, OPTIONAL = "tensor", "sequence", "optional"
+
+CAPTURES = "_captures"
+"""Attribute of a node with sub-graphs: the outer names its sub-graphs read (free variables). The
+node's inputs end with the same values, in the same order, so the planner keeps them alive and the
+runtime hands them over; the sub-graphs bind them by position to these names."""
+
+
 @dataclass(frozen=True)
 class TensorInfo:
-    """What the planner knows about a tensor: dtype, shape and, for constants, the value."""
+    """What the planner knows about a value: dtype, shape and, for constants, the value.
+
+    Besides tensors, a value may be a sequence of tensors or an optional: `kind` names the
+    containers outermost first, joined by dots ("sequence", "optional", "optional.sequence"),
+    around a tensor of `dtype` and `shape` (for a sequence, the shape its elements share, with
+    None where they differ). At run time a sequence is a Python list of arrays and an optional is
+    None or its element; neither ever lives in the arena.
+
+    `shape` is None where not even the rank is known before run time: elements of sequences and
+    optionals whose type leaves the shape out, and what is computed from them. A kernel may be
+    handed one at compile time; when its `infer` fails on it, `omrt.infer.propagate` leaves the
+    outputs unknown in the same way (they are computed at run time anyway).
+    """
 
     dtype: np.dtype
-    shape: Shape
-    value: np.ndarray | None = field(default=None, compare=False, repr=False)
+    shape: Shape | None
+    value: Any = field(default=None, compare=False, repr=False)
+    kind: str = TENSOR
 
     @staticmethod
     def of(array: np.ndarray) -> "TensorInfo":
@@ -50,9 +71,28 @@ class TensorInfo:
         return TensorInfo(array.dtype, tuple(int(d) for d in array.shape), array)
 
     @property
+    def is_tensor(self) -> bool:
+        return self.kind == TENSOR
+
+    @property
+    def container(self) -> str:
+        """The outermost container ("sequence" or "optional"), or "tensor"."""
+        return self.kind.split(".", 1)[0]
+
+    def element(self) -> "TensorInfo":
+        """What the outermost container holds (a tensor's element is itself), without value."""
+        rest = self.kind.split(".", 1)[1] if "." in self.kind else TENSOR
+        return TensorInfo(self.dtype, self.shape, kind=rest)
+
+    def wrapped(self, container: str) -> "TensorInfo":
+        """This info inside `container` ("sequence" or "optional"), without value."""
+        kind = container if self.is_tensor else f"{container}.{self.kind}"
+        return TensorInfo(self.dtype, self.shape, kind=kind)
+
+    @property
     def static(self) -> bool:
-        """True when every dim is a concrete size."""
-        return all(isinstance(d, int) for d in self.shape)
+        """True for a tensor whose every dim is a concrete size."""
+        return self.is_tensor and self.shape is not None and all(isinstance(d, int) for d in self.shape)
 
     @property
     def rank(self) -> int:
@@ -114,3 +154,18 @@ class Graph:
     def producers(self) -> dict[str, int]:
         """Value name -> index of the node that writes it."""
         return {v: i for i, n in enumerate(self.nodes) for v in n.outputs if v}
+
+    def free_names(self) -> list[str]:
+        """Names the graph reads but does not define: values a sub-graph captures from outer scopes."""
+        defined = set(self.inputs) | set(self.constants)
+        free: dict[str, None] = {}
+        for n in self.nodes:
+            free.update((v, None) for v in n.inputs if v and v not in defined)
+            defined.update(v for v in n.outputs if v)
+        free.update((v, None) for v in self.outputs if v not in defined)
+        return list(free)
+
+
+def subgraphs(node: Node) -> dict[str, Graph]:
+    """A node's graph attributes by name."""
+    return {key: v for key, v in node.attrs.items() if isinstance(v, Graph)}

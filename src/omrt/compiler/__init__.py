@@ -18,7 +18,7 @@ from ..format import Part, write
 from ..infer import propagate
 from ..ir import Graph
 from ..lower import Program, lower
-from ..modeldef import encode, weight_layout
+from ..modeldef import encode, weight_layout, weights
 from .importer import import_model, load_model
 from .passes import optimize
 
@@ -43,13 +43,13 @@ def _environment() -> dict[str, str]:
             "machine": platform.machine(), "byteorder": "little"}
 
 
-def _weights_writer(graph: Graph, layout: dict[str, tuple[int, int]]) -> Callable:
+def _weights_writer(constants: dict, layout: dict) -> Callable:
     def produce(sink: Callable[[bytes | memoryview], None]) -> None:
         cursor = 0
         for name, (off, nbytes) in layout.items():
             if off > cursor:
                 sink(b"\0" * (off - cursor))
-            arr = np.ascontiguousarray(graph.constants[name])
+            arr = np.ascontiguousarray(constants[name])
             if arr.dtype.byteorder == ">":
                 arr = arr.astype(arr.dtype.newbyteorder("<"))
             sink(memoryview(arr.reshape(-1).view(np.uint8)))
@@ -76,10 +76,11 @@ def compile_model(model: Any, output: str | os.PathLike, shapes: Mapping[str, Se
     say("fusing")
     optimize(graph)
     program = None
-    if all(graph.infos[v].static for v in graph.inputs):
+    if all(graph.infos[v].static for v in graph.inputs if graph.infos[v].is_tensor):
         say("planning memory")
         program = lower(graph)
-    layout = weight_layout(graph.constants)
+    constants = weights(graph)
+    layout = weight_layout(constants)
     weights_bytes = sum(n for _, n in layout.values())
     metadata = {"producer": f"{proto.producer_name} {proto.producer_version}".strip(),
                 "doc": proto.doc_string, "graph": proto.graph.name}
@@ -89,7 +90,7 @@ def compile_model(model: Any, output: str | os.PathLike, shapes: Mapping[str, Se
     say(f"writing {weights_bytes / 1e6:.1f} MB of weights")
     size = write(output, [
         (Part.MODEL_DEF, lambda sink: sink(modeldef)),
-        (Part.WEIGHTS, _weights_writer(graph, layout)),
+        (Part.WEIGHTS, _weights_writer(constants, layout)),
         (Part.KERNELS, _kernel_store),
         (Part.PLANS, lambda sink: sink(plans)),
         (Part.ENV, lambda sink: sink(env)),

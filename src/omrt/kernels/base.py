@@ -10,12 +10,31 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Sequence
+from typing import Any, Callable, ClassVar, Mapping, Protocol, Sequence
 
 import numpy as np
 
 from ..errors import ShapeError, UnsupportedOpError
-from ..ir import Dim, Shape, TensorInfo
+from ..ir import Dim, Graph, Shape, TensorInfo
+
+
+class Subgraph(Protocol):
+    """A graph attribute (If's branches, Loop's and Scan's body) as its node's kernel sees it.
+
+    Inputs are the sub-graph's declared inputs in order; `captures` are the node's trailing inputs
+    (the outer values the sub-graph reads, see `OpContext.captures`). Values are arrays, lists
+    (sequences) or None (empty optionals).
+    """
+
+    graph: Graph
+
+    def infer(self, inputs: Sequence[TensorInfo | None],
+              captures: Sequence[TensorInfo | None]) -> list[TensorInfo]:
+        """The infos of the sub-graph's outputs when its inputs have these infos."""
+
+    def run(self, inputs: Sequence[Any], captures: Sequence[Any]) -> list[Any]:
+        """Execute the sub-graph once; its outputs are freshly allocated or immutable values."""
+
 
 @dataclass(frozen=True)
 class OpContext:
@@ -27,6 +46,10 @@ class OpContext:
     op_type: str = ""
     n_outputs: int = 1
     """How many outputs the node declares (absent optional ones included)."""
+    subgraphs: Mapping[str, Subgraph] = field(default_factory=dict)
+    """The node's graph attributes, ready to infer and run."""
+    captures: int = 0
+    """How many of the node's inputs, at the end, are outer values its sub-graphs read."""
 
     def attr(self, key: str, default: Any = None) -> Any:
         return self.attrs.get(key, default)
