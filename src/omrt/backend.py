@@ -25,7 +25,7 @@ class OmrtRep(BackendRep):
         if isinstance(inputs, np.ndarray):
             inputs = [inputs]
         feeds = dict(inputs) if isinstance(inputs, dict) else {
-            s.name: np.asarray(x) for s, x in zip(self.model.inputs, inputs)}
+            s.name: np.asarray(x) if s.kind == "tensor" else x for s, x in zip(self.model.inputs, inputs)}
         out = self.session.run(feeds)
         return tuple(out[s.name] for s in self.model.outputs)
 

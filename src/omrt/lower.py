@@ -75,7 +75,8 @@ class _Buffers:
 def lower(graph: Graph) -> Program:
     """Plan a graph whose input shapes are all concrete."""
     infos = graph.infos
-    for v in graph.inputs:
+    tensors_in = [v for v in graph.inputs if infos[v].is_tensor]
+    for v in tensors_in:
         if not infos[v].static:
             raise ShapeError(f"input {v!r} has shape {infos[v].shape}; plans need concrete shapes: give "
                              f"them at compile time (--shape {v}=...) or bind an array")
@@ -83,7 +84,7 @@ def lower(graph: Graph) -> Program:
     needed = set(uses) | set(graph.outputs)
     buffers = _Buffers()
     tasks: list[Task] = []
-    dynamic: set[str] = set()
+    dynamic = {v for v in graph.inputs if not infos[v].is_tensor}
     kernels = []
     for idx, node in enumerate(graph.nodes):
         cls = lookup(node.op_type, graph.opset(node.domain), node.domain, node.label)
@@ -204,7 +205,7 @@ def lower(graph: Graph) -> Program:
 
     io_offsets: dict[str, int] = {}
     cursor = 0
-    ins_by_size = sorted(graph.inputs, key=lambda v: (-infos[v].nbytes, v))
+    ins_by_size = sorted(tensors_in, key=lambda v: (-infos[v].nbytes, v))
     for v in ins_by_size + [o for o in graph.outputs if o in claimed.values()]:
         if v not in io_offsets:
             io_offsets[v] = cursor
@@ -215,19 +216,19 @@ def lower(graph: Graph) -> Program:
         root = buffers.root(v)
         if root in roots_const:
             places[v] = Placement(WEIGHT, 0, root)
+        elif root in dynamic:
+            places[v] = Placement(DYNAMIC)
         elif root in roots_input:
             places[v] = Placement(INPUT, io_offsets[root], root)
         elif root in claimed:
             places[v] = Placement(OUTPUT, io_offsets[claimed[root]], claimed[root])
-        elif root in dynamic:
-            places[v] = Placement(DYNAMIC)
         elif root in block_of:
             places[v] = Placement(ARENA, block_of[root].offset, root)
     for v in graph.outputs:
         places.setdefault(v, Placement(WEIGHT, 0, v) if v in roots_const else Placement(DYNAMIC))
 
     program = Program(
-        signature={v: infos[v].shape for v in graph.inputs},
+        signature={v: infos[v].shape for v in tensors_in},
         shapes={v: infos[v].shape for v in places},
         tasks=tasks, places=places, blocks=blocks, arena_size=arena,
         lower_bound=lower_bound(blocks), naive_size=naive_size(blocks),

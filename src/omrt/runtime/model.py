@@ -22,11 +22,17 @@ from ..modeldef import decode, decode_program
 
 @dataclass(frozen=True)
 class IOSpec:
-    """A model input or output: name, dtype and shape (symbolic dims are strings)."""
+    """A model input or output: name, dtype and shape (symbolic dims are strings).
+
+    `kind` is "tensor" for arrays; "sequence" values are lists of arrays of `dtype`, "optional"
+    ones None or their element (see `omrt.ir.TensorInfo`); their shape is the elements', empty
+    when not even its rank is known.
+    """
 
     name: str
     dtype: np.dtype
     shape: Shape
+    kind: str = "tensor"
 
 
 @dataclass
@@ -38,7 +44,8 @@ class Prepared:
     kernels: list[Kernel | None]
 
     def info(self, value: str) -> TensorInfo:
-        return TensorInfo(self.graph.infos[value].dtype, tuple(self.program.shapes[value]))
+        shape = self.program.shapes[value]
+        return TensorInfo(self.graph.infos[value].dtype, None if shape is None else tuple(shape))
 
 
 def prepare(graph: Graph, program: Program) -> Prepared:
@@ -83,10 +90,8 @@ class Model:
         self._file.view(Part.KERNELS)
         self.graph, program, self.metadata = decode(self._file.view(Part.MODEL_DEF), weights, self.path)
         self.file_size = os.path.getsize(self.path)
-        self.inputs = [IOSpec(v, self.graph.infos[v].dtype, self.graph.infos[v].shape)
-                       for v in self.graph.inputs]
-        self.outputs = [IOSpec(v, self.graph.infos[v].dtype, self.graph.infos[v].shape)
-                        for v in self.graph.outputs]
+        self.inputs = [self._spec(v) for v in self.graph.inputs]
+        self.outputs = [self._spec(v) for v in self.graph.outputs]
         self._lock = threading.Lock()
         self._prepared: dict[tuple, Prepared] = {}
         stored = ([program] if program else []) + [decode_program(p) for p in plans.get("programs", [])]
@@ -96,6 +101,10 @@ class Model:
         else:
             self.default = None
 
+    def _spec(self, v: str) -> IOSpec:
+        info = self.graph.infos[v]
+        return IOSpec(v, info.dtype, () if info.shape is None else info.shape, info.kind)
+
     def __repr__(self) -> str:
         ins = ", ".join(f"{s.name}: {s.dtype.name}{list(s.shape)}" for s in self.inputs)
         outs = ", ".join(f"{s.name}: {s.dtype.name}{list(s.shape)}" for s in self.outputs)
@@ -104,6 +113,8 @@ class Model:
     def check_shapes(self, shapes: Mapping[str, Sequence[int]]) -> None:
         """Raise InputError unless every shape agrees with the input's declared rank and fixed dims."""
         for spec in self.inputs:
+            if spec.kind != "tensor":
+                continue
             shape = shapes[spec.name]
             ok = len(shape) == len(spec.shape) and all(
                 not isinstance(d, int) or d == s for d, s in zip(spec.shape, shape))
@@ -131,7 +142,9 @@ class Model:
     def _specialize(self, shapes: Mapping[str, Sequence[int]]) -> Prepared:
         g = self.graph
         graph = Graph(list(g.nodes), list(g.inputs), list(g.outputs),
-                      {v: TensorInfo(g.infos[v].dtype, tuple(int(d) for d in shapes[v])) for v in g.inputs},
+                      {**{v: g.infos[v] for v in g.outputs},
+                       **{v: TensorInfo(g.infos[v].dtype, tuple(int(d) for d in shapes[v])) if v in shapes
+                          else g.infos[v] for v in g.inputs}},
                       dict(g.constants), dict(g.opsets), g.name)
         propagate(graph, fold=True)
         return prepare(graph, lower(graph))

@@ -15,8 +15,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from ..errors import BindError, InputError, KernelError, OmrtError
-from ..infer import context, execute
-from ..ir import TensorInfo
+from ..infer import context, execute, infer_outputs, info_of
 from ..kernels import lookup
 from ..lower import ARENA, DYNAMIC, INPUT, OUTPUT, WEIGHT
 from .model import IOSpec, Model, Prepared
@@ -60,6 +59,37 @@ def _span(a: np.ndarray) -> tuple[int, int]:
     return start, start + a.nbytes
 
 
+def _as_value(obj: Any, spec: IOSpec) -> Any:
+    """A sequence (list of C-contiguous arrays) or optional (None or element) fed for `spec`."""
+    if obj is None:
+        if not spec.kind.startswith("optional"):
+            raise InputError(f"input {spec.name!r} is a {spec.kind} and cannot be None")
+        return None
+    holds_list = "sequence" in spec.kind
+    if holds_list != isinstance(obj, (list, tuple)):
+        raise InputError(f"input {spec.name!r} is a {spec.kind} of {spec.dtype} tensors; pass "
+                         f"{'a list of arrays' if holds_list else 'an array'}"
+                         f"{' or None' if spec.kind.startswith('optional') else ''}")
+    items = [np.require(_as_array(x, spec.name), requirements="C")
+             for x in (obj if holds_list else [obj])]
+    for x in items:
+        if x.dtype != spec.dtype:
+            raise InputError(f"input {spec.name!r} holds a {x.dtype} tensor, the model needs {spec.dtype}; "
+                             f"convert it with .astype(np.{spec.dtype.name})")
+    return items if holds_list else items[0]
+
+
+def _owned(value: Any) -> tuple[Any, int]:
+    """A copy of a run-time value the caller may keep, and how many bytes were copied."""
+    if value is None:
+        return None, 0
+    if isinstance(value, list):
+        items = [np.array(x, copy=True) for x in value]
+        return items, sum(x.nbytes for x in items)
+    arr = np.array(value, copy=True)
+    return arr, arr.nbytes
+
+
 class Session:
     """Runs a model with its own arena; bind buffers once, then `run()` as often as you like."""
 
@@ -72,6 +102,7 @@ class Session:
         self._specs: dict[str, IOSpec] = {s.name: s for s in model.inputs + model.outputs}
         self._is_output = {s.name: True for s in model.outputs}
         self._bound: dict[str, np.ndarray] = {}
+        self._held: dict[str, Any] = {}
         self._target: dict[str, np.ndarray] = {}
         self._arena = np.empty(0, np.uint8)
         self._io: np.ndarray | None = None
@@ -167,8 +198,8 @@ class Session:
             raise InputError(f"tensor {name!r} has dtype {arr.dtype}, the model needs {spec.dtype}; "
                              f"convert it with .astype(np.{spec.dtype.name})")
         if self._prep is not None and self._is_output.get(name):
-            want = tuple(self._prep.program.shapes.get(name, arr.shape))
-            if tuple(arr.shape) != want:
+            want = self._prep.program.shapes.get(name, arr.shape)
+            if want is not None and tuple(arr.shape) != tuple(want):
                 raise BindError(f"output {name!r}: the bound buffer has shape {arr.shape}, the result has "
                                 f"shape {want}; bind an array of exactly that shape")
         if self.zero_copy == "always":
@@ -184,6 +215,13 @@ class Session:
         if name not in self._specs:
             raise InputError(f"{name!r} is not an input or output of the model; they are "
                              f"{sorted(self._specs)}")
+        spec = self._specs[name]
+        if spec.kind != "tensor":
+            if self._is_output.get(name):
+                raise BindError(f"output {name!r} is a {spec.kind}: run() returns it; only tensors can "
+                                f"be bound as outputs")
+            self._held[name] = _as_value(array, spec)
+            return
         arr = _as_array(array, name)
         if self._is_output.get(name) and not arr.flags.writeable:
             raise BindError(f"output {name!r}: the bound buffer is read-only; bind a writable array")
@@ -192,8 +230,12 @@ class Session:
 
     def unbind(self, name: str) -> None:
         """Forget the buffer bound to `name`; runs allocate (outputs) or need a feed (inputs) again."""
+        if name in self._held:
+            del self._held[name]
+            return
         if name not in self._bound:
-            raise InputError(f"nothing is bound to {name!r}; bound tensors are {sorted(self._bound)}")
+            raise InputError(f"nothing is bound to {name!r}; bound tensors are "
+                             f"{sorted(self._bound) + sorted(self._held)}")
         del self._bound[name]
         self._target.pop(name, None)
 
@@ -207,8 +249,17 @@ class Session:
                 raise InputError(f"{name!r} is not an input of the model; the inputs are "
                                  f"{[s.name for s in self.model.inputs]}")
         arrays: dict[str, np.ndarray] = {}
+        values: dict[str, Any] = {}
         for spec in self.model.inputs:
-            if spec.name in feeds:
+            if spec.kind != "tensor":
+                if spec.name in feeds:
+                    values[spec.name] = _as_value(feeds[spec.name], spec)
+                elif spec.name in self._held:
+                    values[spec.name] = self._held[spec.name]
+                else:
+                    raise InputError(f"input {spec.name!r} is missing: pass it in feeds or bind it (a "
+                                     f"{spec.kind} of {spec.dtype} tensors)")
+            elif spec.name in feeds:
                 arrays[spec.name] = _as_array(feeds[spec.name], spec.name)
             elif spec.name in self._bound:
                 arrays[spec.name] = self._bound[spec.name]
@@ -250,17 +301,18 @@ class Session:
                 self._point(name, self._fallback(name))
                 late.append((name, bound))
                 results[name] = bound
-        dyn = self._execute(prep)
+        dyn = self._execute(prep, values)
         for name, bound in late:
             np.copyto(bound, self._target[name])
             self.stats.count(f"output {name}: {self._misfit(name, bound)}", bound.nbytes)
         for name, reason in program.copy_only.items():
             src = dyn[name] if name in dyn else self._value(name)
             if results[name] is None:
-                results[name] = np.array(src, copy=True)
+                results[name], nbytes = _owned(src)
             else:
                 np.copyto(results[name], src)
-            self.stats.count(f"output {name}: {reason}", src.nbytes)
+                nbytes = src.nbytes
+            self.stats.count(f"output {name}: {reason}", nbytes)
         for name, arr in dyn.items():
             if name in results and results[name] is None:
                 results[name] = arr
@@ -281,9 +333,26 @@ class Session:
             self._args = plain
         return {op: sec / repeat for op, sec in totals.most_common()}
 
-    def _execute(self, prep: Prepared) -> dict[str, np.ndarray]:
-        """The task loop; tasks downstream of data-dependent shapes are prepared as they run."""
-        dyn: dict[str, np.ndarray] = {}
+    def _detach(self, value: Any) -> Any:
+        """`value` with every array that lies in the arena copied out: a late value may outlive
+        the arena block of the input it came from (an If returning a captured tensor, a sequence
+        holding one)."""
+        if isinstance(value, list):
+            return [self._detach(v) for v in value]
+        if isinstance(value, np.ndarray) and value.nbytes and self._arena.nbytes:
+            lo, hi = _span(self._arena)
+            start = value.ctypes.data
+            if lo <= start < hi:
+                return value.copy()
+        return value
+
+    def _execute(self, prep: Prepared, values: Mapping[str, Any]) -> dict[str, Any]:
+        """The task loop; tasks downstream of data-dependent shapes are prepared as they run.
+
+        `values` are the sequence and optional inputs; like every value of the dynamic region
+        they are looked up by name rather than planned.
+        """
+        dyn: dict[str, Any] = dict(values)
         for kernel, ins, outs, ws, task in self._args:
             if kernel is not None:
                 try:
@@ -295,15 +364,16 @@ class Session:
                     raise KernelError(f"kernel {node.op_type} failed at node {node.label!r}: "
                                       f"{type(e).__name__}: {e}") from e
                 continue
-            node = prep.graph.nodes[task.node]
+            graph = prep.graph
+            node = graph.nodes[task.node]
             vals = [dyn.get(v, a) if v else None for v, a in zip(task.inputs, ins)]
-            infos = [None if a is None else TensorInfo(a.dtype, a.shape, a) for a in vals]
-            cls = lookup(node.op_type, prep.graph.opset(node.domain), node.domain, node.label)
-            ctx = context(node, prep.graph)
-            results = execute(cls, ctx, vals, infos, cls.infer(ctx, infos))
+            infos = [info_of(a, graph.infos.get(v)) if v else None for v, a in zip(task.inputs, vals)]
+            cls = lookup(node.op_type, graph.opset(node.domain), node.domain, node.label)
+            ctx = context(node, graph)
+            results = execute(cls, ctx, vals, infos, infer_outputs(cls, ctx, infos))
             for v, r in zip(task.outputs, results):
                 if v:
-                    dyn[v] = r
+                    dyn[v] = self._detach(r)
         return dyn
 
 
