@@ -185,6 +185,8 @@ def test_attention_scores_are_the_only_large_scratch():
     (attention_inputs(past=2)[0][:5], {}, 23, "together"),
     (attention_inputs(mask=np.zeros((4, 9), np.float32))[0], {}, 23, "attn_mask"),
     ([randn(2, 3, 4, 8), randn(2, 3, 6), randn(2, 3, 6, 8)], {}, 23, "ranks"),
+    ([randn(2, 3, 4, 8), randn(2, 3, 6, 6), randn(2, 3, 6, 8)], {}, 23, "disagree"),
+    ([randn(2, 3, 4, 8), randn(2, 3, 6, 8), randn(2, 3, 5, 8)], {}, 23, "disagree"),
 ])
 def test_attention_rejects(inputs, attrs, opset, match):
     with pytest.raises(ShapeError, match=match):
@@ -221,6 +223,8 @@ def test_rotary_embedding_rejects():
     with pytest.raises(ShapeError, match="caches"):
         run_kernel("RotaryEmbedding", [randn(1, 2, 3, 8), randn(9, 3), randn(9, 3),
                                        np.zeros((1, 3), np.int64)], opset=23)
+    with pytest.raises(ShapeError, match="tokens"):
+        run_kernel("RotaryEmbedding", [randn(1, 2, 3, 8), randn(1, 2, 4), randn(1, 2, 4)], opset=23)
 
 
 # ----------------------------------------------------------------------------- SwiGLU

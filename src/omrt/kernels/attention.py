@@ -160,7 +160,14 @@ class Attention(Kernel):
         precision = ctx.attr("softmax_precision")
         self.precision = None if precision is None else onnx_dtype(precision, ctx)
         self.ct = _F64 if self.mm == _F64 or (precision is not None and self.precision == _F64) else _F32
-        self.has_mask = mask is not None
+        kd = k.shape[3] if k.rank == 4 else _div(ctx, k.shape[2], hkv, "K hidden size")
+        if kd != d or k.shape[:-1] != v.shape[:-1] or (past_k is not None and (
+                tuple(past_k.shape) != (b, hkv, self.past, d) or
+                tuple(past_v.shape) != (b, hkv, self.past, dv))):
+            raise ShapeError(f"{ctx.name}: Attention shapes disagree: Q {q.shape}, K {k.shape}, V {v.shape}"
+                             f", past_key {past_k and past_k.shape}, past_value {past_v and past_v.shape};"
+                             f" Q and K need one head size, K and V one length, the caches "
+                             f"(batch, kv_heads, past_length, head_size)")
         if mask is not None:
             if mask.rank > 4 or mask.shape[-1] > t:
                 raise ShapeError(f"{ctx.name}: Attention attn_mask of shape {mask.shape} must broadcast "
@@ -252,7 +259,7 @@ class Attention(Kernel):
         allowed = None
         if self.causal or self.left >= 0 or self.right >= 0:
             pos = np.arange(self.sq)[:, None] + offset
-            allowed = np.ones(np.broadcast_shapes(np.shape(pos)[:-1] + (self.t,)), bool)
+            allowed = np.ones(np.shape(pos)[:-1] + (self.t,), bool)
             if self.causal:
                 allowed &= t <= pos
             if self.left >= 0:
@@ -383,7 +390,7 @@ class RotaryEmbedding(Kernel):
     def __init__(self, ctx: OpContext, inputs: Sequence[TensorInfo | None],
                  outputs: Sequence[TensorInfo]) -> None:
         super().__init__(ctx, inputs, outputs)
-        x, cos = inputs[0], inputs[1]
+        x, cos, _, pos = _padded(inputs, 4)
         if x.rank == 4:
             b, self.heads, s, d = x.shape
         else:
@@ -395,6 +402,10 @@ class RotaryEmbedding(Kernel):
             raise ShapeError(f"{ctx.name}: RotaryEmbedding rotates {self.rot} of {d} features per head, "
                              f"which needs an even count and caches of last dim {self.rot // 2}, got "
                              f"{cos.shape[-1]}")
+        tokens = tuple(pos.shape) if pos is not None else tuple(cos.shape[:2])
+        if tokens != (b, s):
+            raise ShapeError(f"{ctx.name}: RotaryEmbedding needs position_ids (or per-token caches) for "
+                             f"({b}, {s}) tokens, got {tokens}")
         self.interleaved = bool(ctx.attr("interleaved", 0))
         # the half-rotation [B, S, H, rot/2] in the token-major layout of the 3-D input
         self.half = (b, s, self.heads, self.rot // 2) if x.rank == 3 else (b, self.heads, s, self.rot // 2)
