@@ -159,6 +159,22 @@ def test_layernorm_stash_double():
     np.testing.assert_allclose(inv[:, 0], 1 / np.sqrt(x.var(1) + 1e-5))
 
 
+def test_layernorm_blas_rows():
+    # transformer-sized rows, an offset mean, a row of NaN and one of inf; the statistics too
+    x = randn(2, 64, 768) * 3 + 5
+    x[0, 3] = np.nan
+    x[1, 7, 10] = np.inf
+    check("LayerNormalization", [x, randn(768), randn(768)], {"epsilon": 1e-12}, opset=17, n_outputs=3,
+          rtol=1e-4, atol=1e-5)
+    x64, scale = x.astype(np.float64), randn(768, dtype=np.float64)
+    y, mean, inv = run_kernel("LayerNormalization", [x64, scale], {"stash_type": 11}, opset=17)
+    with np.errstate(invalid="ignore"):
+        centered = x64 - x64.mean(-1, keepdims=True)
+        want = 1 / np.sqrt((centered ** 2).mean(-1, keepdims=True) + 1e-5)
+    np.testing.assert_allclose(inv, want, rtol=1e-12)
+    np.testing.assert_allclose(y, centered * want * scale, rtol=1e-12, atol=1e-12)
+
+
 def test_layernorm_empty_rows():
     check("LayerNormalization", [randn(0, 4), randn(4)], opset=17, n_outputs=1)
 

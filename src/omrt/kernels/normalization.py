@@ -330,7 +330,46 @@ class _LastAxes(_Standardizing):
 
 @register("LayerNormalization", since=17)
 class LayerNormalization(_LastAxes):
-    """Y = (X - Mean) * InvStdDev * Scale + B over axes [axis, rank); Mean and InvStdDev in stash_type."""
+    """Y = (X - Mean) * InvStdDev * Scale + B over axes [axis, rank); Mean and InvStdDev in stash_type.
+
+    When X is already in the stash type (float32 X, the default stash) the rows are reduced by BLAS
+    and a row-wise dot product instead of numpy's reductions, which are slow over short rows:
+    about twice as fast on transformer activations (128 x 768).
+    """
+
+    def __init__(self, ctx: OpContext, inputs: Sequence[TensorInfo | None],
+                 outputs: Sequence[TensorInfo]) -> None:
+        super().__init__(ctx, inputs, outputs)
+        x = inputs[0]
+        blas = self.stash == x.dtype and x.dtype in (np.float32, np.float64) and numel(x.shape) > 0
+        self.ones = np.ones(self.shape2d[1], x.dtype) if blas else None
+
+    @staticmethod
+    def _row_dots(a: np.ndarray) -> np.ndarray:
+        """sum(a * a, axis=1) of a 2-D array, without a temporary its size."""
+        vecdot = getattr(np, "vecdot", None)  # numpy >= 2.0
+        return vecdot(a, a) if vecdot is not None else np.einsum("ij,ij->i", a, a)
+
+    def run(self, inputs, outputs, workspace):
+        if self.ones is None:
+            super().run(inputs, outputs, workspace)
+            return
+        x, y = inputs[0].reshape(self.shape2d), outputs[0].reshape(self.shape2d)
+        cols = self.shape2d[1]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            mean = x @ self.ones
+            mean /= cols
+            np.subtract(x, mean[:, None], out=y)
+            inv = self._row_dots(y)
+            inv /= cols
+            inv += self.epsilon
+            np.sqrt(inv, out=inv)
+            np.reciprocal(inv, out=inv)
+            np.multiply(y, inv[:, None], out=y)
+            self.affine(outputs[0], inputs)
+        for out, stat in zip(outputs[1:], (mean, inv)):
+            if out is not None:
+                np.copyto(out, stat.reshape(out.shape), casting="same_kind")
 
 
 @register("RMSNormalization", since=23)
