@@ -211,7 +211,11 @@ class Session:
                                 f"(zero_copy='always'); pass a suitable buffer or use zero_copy='auto'")
 
     def bind(self, name: str, array: Any) -> None:
-        """Make `array` the memory of input or output `name` for every following run."""
+        """Make `array` the memory of input or output `name` for every following run.
+
+        A sequence input takes a list of arrays and an optional one an array, list or None; they
+        are kept, not bound as memory. Sequence and optional outputs cannot be bound.
+        """
         if name not in self._specs:
             raise InputError(f"{name!r} is not an input or output of the model; they are "
                              f"{sorted(self._specs)}")
@@ -241,8 +245,9 @@ class Session:
 
     # ------------------------------------------------------------------ running
 
-    def run(self, feeds: Mapping[str, Any] | None = None) -> dict[str, np.ndarray]:
-        """Run once; `feeds` are inputs for this run only. Returns every output by name."""
+    def run(self, feeds: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """Run once; `feeds` are inputs for this run only. Returns every output by name (arrays;
+        lists of arrays for sequences; None for an empty optional)."""
         feeds = dict(feeds or {})
         for name in feeds:
             if name not in self._specs or self._is_output.get(name):
