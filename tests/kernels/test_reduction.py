@@ -274,6 +274,21 @@ def test_softmax_family_edge_cases(op):
     check(op, [np.array([[1000.0, 1000.0, 990.0]], np.float32)])
 
 
+@pytest.mark.filterwarnings("ignore:invalid value encountered")
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_softmax_rows_far_below_the_maximum_and_non_finite(dtype):
+    x = rand((2, 12, 16, 128), dtype) * 4
+    x[0, 0, 0] -= 50       # far below the tensor's maximum: redone with its own
+    x[0, 1, :, 100:] = -10000   # an additive mask
+    x[0, 2, 3] = -np.inf   # every entry masked: NaN, as x - max(x) is
+    x[1, 5, 5, 7] = 1e4    # one huge entry: every other row underflows against it
+    check("Softmax", [x], {"axis": -1}, opset=13, rtol=1e-5, atol=1e-6)
+    for special in (np.nan, np.inf):
+        y = x.copy()
+        y[1, 0, 0, 0] = special
+        check("Softmax", [y], {"axis": -1}, opset=13, rtol=1e-5, atol=1e-6)
+
+
 def test_hardmax_picks_first_maximum():
     got = run_kernel("Hardmax", [np.array([[1, 3, 3, 0]], np.float32)])[0]
     np.testing.assert_array_equal(got, [[0, 1, 0, 0]])
