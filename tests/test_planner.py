@@ -112,3 +112,16 @@ def test_verifier_catches_broken_plans(tmp_path):
     b.offset = 8
     with pytest.raises(PlanError, match=r"is not 64-byte aligned"):
         verify(p, g)
+
+
+def test_string_tensors_between_nodes_live_outside_the_arena(tmp_path):
+    nodes = [helper.make_node("StringConcat", ["a", "b"], ["c"]),
+             helper.make_node("RegexFullMatch", ["c"], ["y"], pattern="x.*")]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(n, TensorProto.STRING, [2]) for n in "ab"],
+                          [helper.make_tensor_value_info("y", TensorProto.BOOL, [2])])
+    path = str(tmp_path / "s.om")
+    omrt.compile(helper.make_model(g, opset_imports=[helper.make_opsetid("", 20)]), path)
+    model = omrt.load(path)
+    assert model.default.program.places["c"].region == "dynamic"
+    out = model.session().run({"a": np.array(["xa", "b"], dtype=object), "b": np.array(["1", "2"], dtype=object)})
+    np.testing.assert_array_equal(out["y"], [True, False])

@@ -90,7 +90,8 @@ def lower(graph: Graph) -> Program:
         cls = lookup(node.op_type, graph.opset(node.domain), node.domain, node.label)
         live_outs = [o for o in node.outputs if o and o in needed]
         src = node.inputs[0] if node.inputs else ""
-        unknown = any(o and not infos[o].static for o in node.outputs)
+        # sizes known only at run time, and object (string) tensors, never live in the arena
+        unknown = any(o and (not infos[o].static or infos[o].dtype == object) for o in node.outputs)
         if (cls.view and len(live_outs) == 1 and live_outs[0] == node.outputs[0] and src
                 and src not in dynamic and not unknown):
             buffers.base[node.outputs[0]] = src
