@@ -137,3 +137,43 @@ def test_batchnorm_takes_a_following_scale_shift_and_relu(tmp_path):
     res = _run_both(m, {"x": RNG.standard_normal((2, 4, 3, 3)).astype(np.float32)}, tmp_path)
     (bn,) = res.graph.nodes
     assert bn.op_type == "BatchNormalization" and bn.attrs["_act"] == "Relu"
+
+
+def _gelu_nodes(form: str, x: str, y: str) -> list:
+    """The Erf formula of Gelu in one of the forms exporters write it."""
+    scale = (helper.make_node("Mul", ["rsqrt2", x], [f"{y}_s"]) if form == "mul"
+             else helper.make_node("Div", [x, "sqrt2"], [f"{y}_s"]))
+    nodes = [scale, helper.make_node("Erf", [f"{y}_s"], [f"{y}_e"]),
+             helper.make_node("Add", ["one", f"{y}_e"], [f"{y}_p"])]
+    if form == "x_half_first":
+        return nodes + [helper.make_node("Mul", [x, "half"], [f"{y}_h"]),
+                        helper.make_node("Mul", [f"{y}_h", f"{y}_p"], [y])]
+    if form == "half_last":
+        return nodes + [helper.make_node("Mul", [x, f"{y}_p"], [f"{y}_h"]),
+                        helper.make_node("Mul", ["half", f"{y}_h"], [y])]
+    return nodes + [helper.make_node("Mul", [f"{y}_p", "half"], [f"{y}_h"]),
+                    helper.make_node("Mul", [x, f"{y}_h"], [y])]
+
+
+@pytest.mark.parametrize("form", ["x_half_first", "half_last", "half_inner", "mul"])
+def test_erf_gelu_formula_becomes_one_node(form, tmp_path):
+    consts = {"sqrt2": np.sqrt(2), "rsqrt2": np.sqrt(0.5), "one": 1.0, "half": 0.5}
+    inits = [numpy_helper.from_array(np.array(v, np.float32), k) for k, v in consts.items()]
+    nodes = [helper.make_node("Relu", ["x"], ["r"])] + _gelu_nodes(form, "r", "y")
+    m = _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 300])],
+               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 300])], inits)
+    x = RNG.standard_normal((4, 300)).astype(np.float32) * 3
+    res = _run_both(m, {"x": x}, tmp_path)
+    assert [(n.domain, n.op_type) for n in res.graph.nodes] == [("", "Relu"), ("omrt", "Gelu")]
+
+
+def test_erf_gelu_formula_with_a_shared_intermediate_is_left_alone(tmp_path):
+    inits = [numpy_helper.from_array(np.array(v, np.float32), k)
+             for k, v in {"sqrt2": np.sqrt(2), "one": 1.0, "half": 0.5}.items()]
+    nodes = _gelu_nodes("x_half_first", "x", "y")
+    m = _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 5])],
+               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 5]),
+                helper.make_tensor_value_info("y_e", TensorProto.FLOAT, [3, 5])], inits)
+    res = _run_both(m, {"x": RNG.standard_normal((3, 5)).astype(np.float32)}, tmp_path)
+    assert "Erf" in [n.op_type for n in res.graph.nodes]
+    assert "Gelu" not in [n.op_type for n in res.graph.nodes]

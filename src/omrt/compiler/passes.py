@@ -224,9 +224,94 @@ def fuse_matmul_bias(graph: Graph) -> Graph:
     return remove_dead_code(graph)
 
 
+def _scalar(graph: Graph, value: str) -> float | None:
+    """The value of a one-element float constant, else None."""
+    c = graph.constants.get(value)
+    return float(c.reshape(-1)[0]) if c is not None and c.size == 1 and c.dtype.kind == "f" else None
+
+
+def _other(node: Node, value: str) -> str | None:
+    """The input of binary `node` that is not `value` (None when `value` is not an input)."""
+    if len(node.inputs) != 2 or value not in node.inputs:
+        return None
+    return node.inputs[1] if node.inputs[0] == value else node.inputs[0]
+
+
+def _gelu_tail(graph: Graph, x: str, plus: str, uses: dict[str, list[int]]) -> list[int] | None:
+    """The Mul nodes that turn `plus` = 1 + erf into x * 0.5 * (1 + erf), the last one last.
+
+    Accepted: (x * 0.5) * plus, (x * plus) * 0.5 and x * (plus * 0.5), operands in either order.
+    """
+    first = _sole_consumer(graph, plus, uses)
+    mul = graph.nodes[first] if first is not None else None
+    if mul is None or mul.op_type != "Mul" or mul.domain:
+        return None
+    other = _other(mul, plus)
+    if other == x or _scalar(graph, other) == 0.5:
+        second = _sole_consumer(graph, mul.outputs[0], uses)
+        last = graph.nodes[second] if second is not None else None
+        if last is None or last.op_type != "Mul" or last.domain:
+            return None
+        rest = _other(last, mul.outputs[0])
+        fits = _scalar(graph, rest) == 0.5 if other == x else rest == x
+        return [first, second] if fits else None
+    producers = graph.producers()
+    half = graph.nodes[producers[other]] if other in producers else None
+    if (half is None or half.op_type != "Mul" or half.domain or _scalar(graph, _other(half, x)) != 0.5
+            or _sole_consumer(graph, other, uses) != first):
+        return None
+    return [producers[other], first]
+
+
+def fuse_gelu(graph: Graph) -> Graph:
+    """x * 0.5 * (1 + Erf(x / sqrt(2))), the Gelu that exporters write before opset 20, -> omrt::Gelu.
+
+    The division may be a multiplication by 1 / sqrt(2), and the three products may associate in
+    any order. One node instead of five runs the whole formula chunk by chunk in cache.
+    """
+    try:
+        lookup("Gelu", 1, "omrt")
+    except UnsupportedOpError:
+        return graph
+    uses = graph.consumers()
+    producers = graph.producers()
+    drop: set[int] = set()
+    for k, erf in enumerate(graph.nodes):
+        if erf.op_type != "Erf" or erf.domain or erf.inputs[0] not in producers:
+            continue
+        i = producers[erf.inputs[0]]
+        scale = graph.nodes[i]
+        if scale.domain or len(scale.inputs) != 2 or _sole_consumer(graph, erf.inputs[0], uses) != k:
+            continue
+        if scale.op_type == "Div":
+            x, c, want = scale.inputs[0], _scalar(graph, scale.inputs[1]), np.sqrt(2)
+        elif scale.op_type == "Mul":
+            x = next((v for v in scale.inputs if v not in graph.constants), scale.inputs[0])
+            c, want = _scalar(graph, _other(scale, x)), np.sqrt(0.5)
+        else:
+            continue
+        if c is None or not np.isclose(c, want, rtol=1e-6) or graph.infos[x].dtype.kind != "f":
+            continue
+        j = _sole_consumer(graph, erf.outputs[0], uses)
+        add = graph.nodes[j] if j is not None else None
+        if add is None or add.op_type != "Add" or add.domain or _scalar(graph, _other(add, erf.outputs[0])) != 1:
+            continue
+        tail = _gelu_tail(graph, x, add.outputs[0], uses)
+        if tail is None or drop & {i, k, j, *tail}:
+            continue
+        out = graph.nodes[tail[-1]].outputs[0]
+        if graph.infos[out] != graph.infos[x]:
+            continue
+        graph.nodes[tail[-1]] = Node("Gelu", [x], [out], {}, "omrt", erf.name)
+        graph.opsets.setdefault("omrt", 1)
+        drop.update({i, k, j, *tail[:-1]})
+    graph.nodes = [n for k, n in enumerate(graph.nodes) if k not in drop]
+    return remove_dead_code(graph)
+
+
 def optimize(graph: Graph) -> Graph:
     """The compile-time pipeline, in the order that exposes the most fusion."""
     for rewrite in (remove_dead_code, fold_batchnorm, fold_channel_affine, fuse_matmul_bias,
-                    fuse_activations):
+                    fuse_activations, fuse_gelu):
         graph = rewrite(graph)
     return graph

@@ -379,10 +379,21 @@ class Erf(ErfBased):
         np.copyto(out, r, casting="unsafe")
 
 
+# Gelu's rational: x * 0.5 * (1 + erf(x / sqrt(2))) = x * (0.5 + c * P(c^2 / 2) / Q(c^2 / 2) / sqrt(8))
+# with c = x clamped to 4 * sqrt(2); the 1 / sqrt(2) and 1 / 2 are folded into the coefficients.
+_GELU_P = tuple(p / math.sqrt(8) / 2 ** k for k, p in enumerate(_ERF_P))
+_GELU_Q = tuple(q / 2 ** k for k, q in enumerate(_ERF_Q))
+
+
+@register("Gelu", since=1, domain="omrt")
 @register("Gelu", since=20)
 class Gelu(ErfBased):
     """0.5 * x * (1 + erf(x / sqrt(2))), or with approximate="tanh"
-    0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x^3)))."""
+    0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x^3))).
+
+    Also registered as omrt::Gelu: the compiler rewrites the Erf formula that exporters emit for
+    models older than opset 20 into it.
+    """
 
     kinds = FLOAT
 
@@ -410,12 +421,21 @@ class Gelu(ErfBased):
             r *= x
             r *= math.sqrt(2 / math.pi)
             np.tanh(r, out=r)
-            r += 1
-        else:
-            np.multiply(x, np.float64(math.sqrt(0.5)), out=xw)  # in float64, not x's dtype
+            r *= 0.5
+            r += 0.5
+        elif self.double:
+            np.multiply(x, np.float64(math.sqrt(0.5)), out=xw)
             self.erf(xw, r, t, u, mask, plus_one=True)
-        r *= x
-        np.multiply(r, 0.5, out=out, casting="unsafe")
+            r *= 0.5
+        else:
+            np.clip(x, -4 * math.sqrt(2), 4 * math.sqrt(2), out=xw)  # widens x to float64
+            np.multiply(xw, xw, out=t)
+            _horner(_GELU_P, t, r)
+            _horner(_GELU_Q, t, u)
+            r *= xw
+            r /= u
+            r += 0.5
+        np.multiply(r, x, out=out, casting="unsafe")
 
 
 class ExpLinear(Pointwise):
