@@ -177,3 +177,54 @@ def test_erf_gelu_formula_with_a_shared_intermediate_is_left_alone(tmp_path):
     res = _run_both(m, {"x": RNG.standard_normal((3, 5)).astype(np.float32)}, tmp_path)
     assert "Erf" in [n.op_type for n in res.graph.nodes]
     assert "Gelu" not in [n.op_type for n in res.graph.nodes]
+
+
+def _attention_model(scale_op: str = "Div", shared_query: bool = False):
+    """One attention head pair as exporters write it: projections, heads split with Reshape and
+    Transpose, scaled scores, Softmax, context merged back with Transpose and Reshape."""
+    seq, heads, size = 6, 2, 4
+    hidden = heads * size
+    w = {n: RNG.standard_normal((hidden, hidden)).astype(np.float32) for n in "qkv"}
+    b = {n: RNG.standard_normal(hidden).astype(np.float32) for n in "qkv"}
+    inits = [numpy_helper.from_array(a, f"W{n}") for n, a in w.items()]
+    inits += [numpy_helper.from_array(a, f"b{n}") for n, a in b.items()]
+    inits += [numpy_helper.from_array(np.array([1, seq, heads, size], np.int64), "split"),
+              numpy_helper.from_array(np.array([1, seq, hidden], np.int64), "merge"),
+              numpy_helper.from_array(np.array(np.sqrt(size) if scale_op == "Div" else 1 / np.sqrt(size),
+                                               np.float32), "scale")]
+    nodes = []
+    for n, perm in (("q", [0, 2, 1, 3]), ("k", [0, 2, 3, 1]), ("v", [0, 2, 1, 3])):
+        nodes += [helper.make_node("MatMul", ["x", f"W{n}"], [f"{n}_mm"]),
+                  helper.make_node("Add", [f"{n}_mm", f"b{n}"], [f"{n}_p"]),
+                  helper.make_node("Reshape", [f"{n}_p", "split"], [f"{n}_r"]),
+                  helper.make_node("Transpose", [f"{n}_r"], [f"{n}_t"], perm=perm)]
+    nodes += [helper.make_node("MatMul", ["q_t", "k_t"], ["scores"]),
+              helper.make_node(scale_op, ["scores", "scale"], ["scaled"]),
+              helper.make_node("Softmax", ["scaled"], ["probs"], axis=-1),
+              helper.make_node("MatMul", ["probs", "v_t"], ["ctx"]),
+              helper.make_node("Transpose", ["ctx"], ["ctx_t"], perm=[0, 2, 1, 3]),
+              helper.make_node("Reshape", ["ctx_t", "merge"], ["y"])]
+    outputs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, seq, hidden])]
+    if shared_query:
+        outputs.append(helper.make_tensor_value_info("q_p", TensorProto.FLOAT, [1, seq, hidden]))
+    m = _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, seq, hidden])], outputs, inits)
+    return m, {"x": RNG.standard_normal((1, seq, hidden)).astype(np.float32)}
+
+
+@pytest.mark.parametrize("scale_op", ["Div", "Mul"])
+def test_attention_scale_folds_into_the_query_and_transposes_into_matmuls(scale_op, tmp_path):
+    m, feeds = _attention_model(scale_op)
+    res = _run_both(m, feeds, tmp_path)
+    ops = [n.op_type for n in res.graph.nodes]
+    assert scale_op not in ops and "Transpose" not in ops
+    scores, ctx = [n for n in res.graph.nodes if n.op_type == "MatMul"]
+    assert scores.attrs["_perm_a"] == [0, 2, 1, 3] and scores.attrs["_perm_b"] == [0, 2, 3, 1]
+    assert ctx.attrs["_perm_b"] == [0, 2, 1, 3] and ctx.attrs["_perm_y"] == [0, 2, 1, 3]
+
+
+def test_attention_scale_leaves_a_projection_read_elsewhere_unscaled(tmp_path):
+    m, feeds = _attention_model(shared_query=True)
+    res = _run_both(m, feeds, tmp_path)
+    (query,) = [n for n in res.graph.nodes if "q_p" in n.outputs]
+    (key,) = [n for n in res.graph.nodes if "k_p" in n.outputs]
+    assert query.inputs[1:] == ["Wq", "bq"] and key.inputs[1] != "Wk"

@@ -108,6 +108,25 @@ def test_fused_matmul_bias_must_not_grow_output():
         run_kernel("FusedMatMul", [rand((3, 4)), rand((4, 5)), rand((2, 3, 5))], domain="omrt")
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_folded_transposes_read_and_write_strided_views(dtype):
+    # attention's layout: heads split from (batch, seq, heads, size); scores, then context back
+    q, k, v = (rand((2, 16, 3, 8), dtype) for _ in range(3))
+    heads = (0, 2, 1, 3)
+    tol = {"rtol": 1e-5, "atol": 1e-5} if dtype == np.float32 else {"rtol": 1e-2, "atol": 1e-2}
+    want = q.transpose(heads) @ k.transpose(0, 2, 3, 1)
+    got = run_kernel("MatMul", [q, k], {"_perm_a": list(heads), "_perm_b": [0, 2, 3, 1]})[0]
+    np.testing.assert_allclose(got, want, **tol)
+    p, bias = rand((2, 3, 16, 16), dtype), rand((8,), dtype)
+    want = (p @ v.transpose(heads) + bias).transpose(heads)
+    got = run_kernel("FusedMatMul", [p, v, bias], {"_perm_b": list(heads), "_perm_y": list(heads)},
+                     domain="omrt")[0]
+    assert got.shape == (2, 16, 3, 8)
+    np.testing.assert_allclose(got, want, **tol)
+    with pytest.raises(ShapeError, match="permutation"):
+        run_kernel("MatMul", [q, k], {"_perm_a": [0, 1, 2]})
+
+
 # ----------------------------------------------------------------------------- Gemm
 
 @pytest.mark.parametrize("trans_a", [0, 1])

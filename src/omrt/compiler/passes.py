@@ -7,6 +7,7 @@ import numpy as np
 from ..ir import Graph, Node
 from ..kernels import lookup
 from ..kernels.base import FUSED_ACTIVATIONS, UnsupportedOpError
+from ..kernels.linalg import PERMS
 
 
 def remove_dead_code(graph: Graph) -> Graph:
@@ -294,7 +295,8 @@ def fuse_gelu(graph: Graph) -> Graph:
             continue
         j = _sole_consumer(graph, erf.outputs[0], uses)
         add = graph.nodes[j] if j is not None else None
-        if add is None or add.op_type != "Add" or add.domain or _scalar(graph, _other(add, erf.outputs[0])) != 1:
+        if (add is None or add.op_type != "Add" or add.domain
+                or _scalar(graph, _other(add, erf.outputs[0])) != 1):
             continue
         tail = _gelu_tail(graph, x, add.outputs[0], uses)
         if tail is None or drop & {i, k, j, *tail}:
@@ -309,9 +311,118 @@ def fuse_gelu(graph: Graph) -> Graph:
     return remove_dead_code(graph)
 
 
+_LAYOUT_OPS = ("Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Identity")
+
+
+def _is_matmul(node: Node) -> bool:
+    return (node.op_type, node.domain) in (("MatMul", ""), ("FusedMatMul", "omrt"))
+
+
+def _projection(graph: Graph, value: str, uses: dict[str, list[int]],
+                producers: dict[str, int]) -> Node | None:
+    """The MatMul or FusedMatMul with constant weight (and bias) that `value` is a re-layout of,
+    every value on the way read once; None if there is none."""
+    while value in producers:
+        i = producers[value]
+        if _sole_consumer(graph, value, uses) is None:
+            return None
+        node = graph.nodes[i]
+        if node.op_type in _LAYOUT_OPS and not node.domain:
+            value = node.inputs[0]
+            continue
+        constant = all(v in graph.constants for v in node.inputs[1:])
+        return node if _is_matmul(node) and constant and "_act" not in node.attrs else None
+    return None
+
+
+def fold_matmul_scale(graph: Graph) -> Graph:
+    """MatMul(A, B) / c (or * c), c a scalar constant, -> c folded into the projection A or B is.
+
+    Attention divides its scores by sqrt(head size); when the query (or the key) is a projection
+    with constant weight and bias, reached through layout ops only (Reshape, Transpose, ...), its
+    weight and bias are scaled instead and the division disappears. For a power of two, as in
+    BERT's sqrt(64), the result is bit for bit the same.
+    """
+    uses = graph.consumers()
+    producers = graph.producers()
+    drop: set[int] = set()
+    for j, op in enumerate(graph.nodes):
+        if op.op_type not in ("Div", "Mul") or op.domain or len(op.inputs) != 2:
+            continue
+        data, const = op.inputs
+        if op.op_type == "Mul" and _scalar(graph, const) is None:
+            data, const = const, data
+        c = _scalar(graph, const)
+        if (not c or data not in producers or not _is_matmul(graph.nodes[producers[data]])
+                or _sole_consumer(graph, data, uses) != j or graph.infos[op.outputs[0]] != graph.infos[data]):
+            continue
+        mm = graph.nodes[producers[data]]
+        proj = next((p for p in (_projection(graph, v, uses, producers) for v in mm.inputs[:2]) if p), None)
+        if proj is None:
+            continue
+        factor = 1 / c if op.op_type == "Div" else c
+        scaled = []
+        for k, v in enumerate(proj.inputs[1:], 1):
+            w = graph.constants[v]
+            name = f"{proj.outputs[0]}__scaled_{k}"
+            graph.add_constant(name, (w.astype(np.float64) * factor).astype(w.dtype))
+            scaled.append(name)
+        proj.inputs = [proj.inputs[0], *scaled]
+        mm.outputs = [op.outputs[0]]
+        drop.add(j)
+    graph.nodes = [n for k, n in enumerate(graph.nodes) if k not in drop]
+    return remove_dead_code(graph)
+
+
+def _transpose_perm(graph: Graph, node: Node | None) -> list[int] | None:
+    """The permutation of a Transpose node of rank >= 2 (reversed axes by default), else None."""
+    if node is None or node.op_type != "Transpose" or node.domain:
+        return None
+    perm = node.attrs.get("perm")
+    if perm is None:
+        info = graph.infos.get(node.inputs[0])
+        if info is None or info.shape is None:
+            return None
+        perm = range(info.rank - 1, -1, -1)
+    perm = [int(p) for p in perm]
+    return perm if len(perm) >= 2 else None
+
+
+def fold_transposes_into_matmul(graph: Graph) -> Graph:
+    """Transposes of a MatMul's operands or of its product -> read and written as strided views.
+
+    Attention splits heads with Transpose before its two MatMuls and merges them with one after.
+    A Transpose of an operand folds when the operand's last (contiguous) axis stays one of the two
+    matrix axes, and one of the product when the stored last axis is one of them: numpy then hands
+    every matrix to BLAS with a unit stride, and the transposed copies are never made.
+    """
+    uses = graph.consumers()
+    producers = graph.producers()
+    drop: set[int] = set()
+    for mm in graph.nodes:
+        if not _is_matmul(mm) or any(k in mm.attrs for k in PERMS):
+            continue
+        attrs = dict(mm.attrs)
+        for k, key in enumerate(PERMS[:2]):
+            src = graph.nodes[producers[mm.inputs[k]]] if mm.inputs[k] in producers else None
+            perm = _transpose_perm(graph, src)
+            if perm is not None and len(perm) - 1 in perm[-2:]:
+                mm.inputs = [src.inputs[0] if i == k else v for i, v in enumerate(mm.inputs)]
+                attrs[key] = perm
+        j = _sole_consumer(graph, mm.outputs[0], uses)
+        perm = _transpose_perm(graph, graph.nodes[j] if j is not None else None)
+        if perm is not None and perm[-1] >= len(perm) - 2:
+            attrs["_perm_y"] = perm
+            mm.outputs = [graph.nodes[j].outputs[0]]
+            drop.add(j)
+        mm.attrs = attrs
+    graph.nodes = [n for k, n in enumerate(graph.nodes) if k not in drop]
+    return remove_dead_code(graph)
+
+
 def optimize(graph: Graph) -> Graph:
     """The compile-time pipeline, in the order that exposes the most fusion."""
     for rewrite in (remove_dead_code, fold_batchnorm, fold_channel_affine, fuse_matmul_bias,
-                    fuse_activations, fuse_gelu):
+                    fuse_activations, fuse_gelu, fold_matmul_scale, fold_transposes_into_matmul):
         graph = rewrite(graph)
     return graph

@@ -70,8 +70,8 @@ class _Product:
     the workspace.
     """
 
-    def __init__(self, a: Shape, b: Shape, out: Shape, dtype: np.dtype) -> None:
-        self.fold = len(b) <= 2 and len(a) > 2
+    def __init__(self, a: Shape, b: Shape, out: Shape, dtype: np.dtype, fold: bool = True) -> None:
+        self.fold = fold and len(b) <= 2 and len(a) > 2
         if self.fold:
             a = (numel(a[:-1]), a[-1])
             out = (a[0], *b[1:])
@@ -94,24 +94,56 @@ class _Product:
         np.copyto(out, o32, casting="same_kind")
 
 
+PERMS = ("_perm_a", "_perm_b", "_perm_y")
+"""omrt-internal MatMul attributes: the compiler folds a Transpose of A or B, or of the product,
+into the node. A is read as transpose(A, _perm_a), B likewise, and the product is stored as
+transpose(product, _perm_y); numpy multiplies the strided views with BLAS, no copy is made."""
+
+
+def _permuted(shape: Shape, perm: Sequence[int] | None, name: str) -> Shape:
+    if perm is None:
+        return tuple(shape)
+    if sorted(perm) != list(range(len(shape))):
+        raise ShapeError(f"{name}: permutation {list(perm)} does not fit a tensor of rank {len(shape)}; "
+                         f"it must list each axis once")
+    return tuple(shape[p] for p in perm)
+
+
 class MatMulBase(Kernel):
     """Shared by MatMul and FusedMatMul: numpy matmul semantics straight into the output."""
 
     fuses = frozenset(FUSED_ACTIVATIONS)
 
     @classmethod
+    def product_shape(cls, ctx: OpContext, inputs: Sequence[TensorInfo | None]) -> Shape:
+        """The shape of A @ B before `_perm_y` stores it transposed."""
+        a, b = (_permuted(x.shape, ctx.attr(k), ctx.name) for x, k in zip(inputs[:2], PERMS))
+        return matmul_shape(a, b, ctx.name)
+
+    @classmethod
     def infer(cls, ctx: OpContext, inputs: Sequence[TensorInfo | None]) -> list[TensorInfo]:
-        a, b = inputs[0], inputs[1]
-        dtype = _same_dtype([a, b], ctx.op_type, ctx.name)
-        return [TensorInfo(dtype, matmul_shape(a.shape, b.shape, ctx.name))]
+        dtype = _same_dtype(inputs[:2], ctx.op_type, ctx.name)
+        return [TensorInfo(dtype, _permuted(cls.product_shape(ctx, inputs), ctx.attr("_perm_y"), ctx.name))]
 
     def __init__(self, ctx: OpContext, inputs: Sequence[TensorInfo | None],
                  outputs: Sequence[TensorInfo]) -> None:
         super().__init__(ctx, inputs, outputs)
-        self.product = _Product(inputs[0].shape, inputs[1].shape, outputs[0].shape, outputs[0].dtype)
+        self.perm_a, self.perm_b, perm_y = (ctx.attr(k) for k in PERMS)
+        self.unperm_y = None if perm_y is None else tuple(int(i) for i in np.argsort(perm_y))
+        a, b = (_permuted(x.shape, p, ctx.name) for x, p in zip(inputs, (self.perm_a, self.perm_b)))
+        y = _permuted(outputs[0].shape, self.unperm_y, ctx.name)
+        self.product = _Product(a, b, y, outputs[0].dtype, fold=not any(ctx.attr(k) for k in PERMS))
 
     def workspace(self) -> int:
         return self.product.nbytes
+
+    def views(self, inputs: Sequence[np.ndarray],
+              out: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """A, B and the product's shape over the output, as the folded Transposes ask."""
+        a, b = inputs[0], inputs[1]
+        return (a if self.perm_a is None else a.transpose(self.perm_a),
+                b if self.perm_b is None else b.transpose(self.perm_b),
+                out if self.unperm_y is None else out.transpose(self.unperm_y))
 
 
 @register("MatMul", since=1)
@@ -119,7 +151,8 @@ class MatMul(MatMulBase):
     """Matrix product with numpy.matmul semantics (1-D promotion, batch broadcasting)."""
 
     def run(self, inputs, outputs, workspace):
-        self.product(inputs[0], inputs[1], outputs[0], workspace)
+        a, b, out = self.views(inputs, outputs[0])
+        self.product(a, b, out, workspace)
         apply_activation(outputs[0], self.ctx)
 
 
@@ -134,18 +167,18 @@ class FusedMatMul(MatMulBase):
     @classmethod
     def infer(cls, ctx: OpContext, inputs: Sequence[TensorInfo | None]) -> list[TensorInfo]:
         out = super().infer(ctx, inputs)
-        bias = inputs[2]
-        if broadcast_shapes(out[0].shape, bias.shape, name=ctx.name) != out[0].shape \
-                and all(isinstance(d, int) for d in (*out[0].shape, *bias.shape)):
+        bias, product = inputs[2], cls.product_shape(ctx, inputs)
+        if broadcast_shapes(product, bias.shape, name=ctx.name) != product \
+                and all(isinstance(d, int) for d in (*product, *bias.shape)):
             raise ShapeError(f"{ctx.name}: FusedMatMul bias {bias.shape} must broadcast to the "
-                             f"product's shape {out[0].shape} without growing it; keep MatMul and Add")
+                             f"product's shape {product} without growing it; keep MatMul and Add")
         return out
 
     def run(self, inputs, outputs, workspace):
-        out = outputs[0]
-        self.product(inputs[0], inputs[1], out, workspace)
+        a, b, out = self.views(inputs, outputs[0])
+        self.product(a, b, out, workspace)
         np.add(out, inputs[2], out=out)
-        apply_activation(out, self.ctx)
+        apply_activation(outputs[0], self.ctx)
 
 
 @register("Gemm", since=1)
