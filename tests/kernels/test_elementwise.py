@@ -503,6 +503,15 @@ def test_gelu_accuracy():
     np.testing.assert_allclose(got, want, rtol=3e-7, atol=1e-7)
     got = run_kernel("Gelu", [x], opset=20)[0]  # float64 keeps relative accuracy in the tail
     np.testing.assert_allclose(got, want, rtol=1e-12, atol=0)
+    # float32 goes through a table of the normal CDF: beyond it, at its nodes and between them
+    special = np.array([np.inf, -np.inf, np.nan, 0.0, -0.0, 1e30, -1e30, 1e-40, -7, 6, 3 + 1 / 2048,
+                        -5.99951171875], np.float32)
+    got = run_kernel("Gelu", [special], opset=20)[0]
+    with np.errstate(invalid="ignore"):
+        want = np.array([0.5 * v * math.erfc(-v / math.sqrt(2)) if math.isfinite(v) else v * (v > 0)
+                         for v in special.astype(np.float64)])
+    np.testing.assert_allclose(got, want, rtol=3e-7, atol=1e-7)
+    assert np.signbit(got[4]) and got[0] == np.inf
     with pytest.raises(ShapeError, match="approximate"):
         run_kernel("Gelu", [x], {"approximate": "fast"}, opset=20)
 

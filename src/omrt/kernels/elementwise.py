@@ -379,10 +379,29 @@ class Erf(ErfBased):
         np.copyto(out, r, casting="unsafe")
 
 
-# Gelu's rational: x * 0.5 * (1 + erf(x / sqrt(2))) = x * (0.5 + c * P(c^2 / 2) / Q(c^2 / 2) / sqrt(8))
-# with c = x clamped to 4 * sqrt(2); the 1 / sqrt(2) and 1 / 2 are folded into the coefficients.
-_GELU_P = tuple(p / math.sqrt(8) / 2 ** k for k, p in enumerate(_ERF_P))
-_GELU_Q = tuple(q / 2 ** k for k, q in enumerate(_ERF_Q))
+# Gelu of float32 and narrower types: x * Phi(x), Phi the normal CDF = (1 + erf(x / sqrt(2))) / 2,
+# taken from a table of Phi and its slope at nodes 1/1024 apart over [-7, 6], linear from the
+# nearest node: x * Phi is within 2.5e-8 of exact before float32 rounding (max |x * Phi''| / 8
+# node steps squared). Beyond the table Phi is 0 or 1 (|Gelu(-7)| < 1e-11; Phi(6) rounds to 1),
+# which keeps Gelu(-inf) NaN as x * 0.5 * (1 + erf) has it. Adding 1.5 * 2**23 to x * 1024 rounds
+# it to the nearest node and leaves the node's number in the low bits: no float-to-int conversion,
+# which numpy does slowly. Eleven float32 passes, two of them gathers, instead of thirty in float64.
+_GELU_LO, _GELU_HI, _GELU_STEPS = -7, 6, 1024
+_ROUNDER = np.float32(1.5 * 2 ** 23)
+_GELU_TABLE: list[np.ndarray] = []
+
+
+def _gelu_table() -> tuple[np.ndarray, np.ndarray]:
+    """(Phi, slope per node step) at the nodes, float32, computed once on first use."""
+    if not _GELU_TABLE:
+        r = np.arange(_GELU_LO * _GELU_STEPS, _GELU_HI * _GELU_STEPS + 1) / _GELU_STEPS
+        cdf, t, u = (np.empty_like(r) for _ in range(3))
+        _erf_double(r * math.sqrt(0.5), cdf, t, u, np.empty(r.size, np.bool_), plus_one=True)
+        cdf *= 0.5
+        slope = np.exp(-0.5 * r * r) / (math.sqrt(2 * math.pi) * _GELU_STEPS)
+        cdf[0], slope[0], cdf[-1], slope[-1] = 0, 0, 1, 0
+        _GELU_TABLE[:] = [cdf.astype(np.float32), slope.astype(np.float32)]
+    return _GELU_TABLE[0], _GELU_TABLE[1]
 
 
 @register("Gelu", since=1, domain="omrt")
@@ -408,6 +427,9 @@ class Gelu(ErfBased):
     def __init__(self, ctx, inputs, outputs):
         self.tanh = ctx.attr("approximate", "none") == "tanh"
         super().__init__(ctx, inputs, outputs)
+        if not (self.tanh or self.double):
+            self.cdf, self.slope = _gelu_table()
+            self.bias = np.int64(_ROUNDER.view(np.int32)) + _GELU_LO * _GELU_STEPS
 
     def work_dtype(self, dtype):
         return Pointwise.work_dtype(self, dtype) if self.tanh else super().work_dtype(dtype)
@@ -428,14 +450,26 @@ class Gelu(ErfBased):
             self.erf(xw, r, t, u, mask, plus_one=True)
             r *= 0.5
         else:
-            np.clip(x, -4 * math.sqrt(2), 4 * math.sqrt(2), out=xw)  # widens x to float64
-            np.multiply(xw, xw, out=t)
-            _horner(_GELU_P, t, r)
-            _horner(_GELU_Q, t, u)
-            r *= xw
-            r /= u
-            r += 0.5
+            self.from_table(x, out, bufs)
+            return
         np.multiply(r, x, out=out, casting="unsafe")
+
+    def from_table(self, x: np.ndarray, out: np.ndarray, bufs: list[np.ndarray]) -> None:
+        """x * Phi(x) into `out` from the table (see `_gelu_table`); the float64 scratch buffers
+        serve as float32 ones and as node numbers (intp has float64's item size)."""
+        node = bufs[0].view(np.intp)
+        pos, v = (b.view(np.float32)[:x.size] for b in bufs[1:3])
+        np.multiply(x, np.float32(_GELU_STEPS), out=pos)
+        np.clip(pos, np.float32(_GELU_LO * _GELU_STEPS), np.float32(_GELU_HI * _GELU_STEPS), out=pos)
+        np.add(pos, _ROUNDER, out=v)
+        np.subtract(v.view(np.int32), self.bias, out=node)
+        v -= _ROUNDER
+        pos -= v
+        np.take(self.slope, node, out=v, mode="wrap")
+        pos *= v
+        np.take(self.cdf, node, out=v, mode="wrap")
+        pos += v
+        np.multiply(pos, x, out=out, casting="unsafe")
 
 
 class ExpLinear(Pointwise):
