@@ -153,6 +153,25 @@ def test_loop_without_trip_count_runs_until_the_condition_fails(tmp_path):
     np.testing.assert_array_equal(compiled(tmp_path, model).session().run(feeds)["acc"], feeds["acc0"])
 
 
+def test_loop_carried_value_that_grows_every_iteration(tmp_path):
+    """The body declares the carried value as float[3] like its initial value; it still grows (the
+    declared rank holds, the sizes are taken as unknown), and Shape inside the body is not folded."""
+    body = helper.make_graph(
+        [helper.make_node("Concat", ["v", "x"], ["v_out"], axis=0), helper.make_node("Shape", ["v"], ["n"]),
+         helper.make_node("Identity", ["cond"], ["cond_out"])],
+        "body", [tensor("i", T.INT64, []), tensor("cond", T.BOOL, []), tensor("v", shape=[3])],
+        [tensor("cond_out", T.BOOL, []), tensor("v_out", shape=None), tensor("n", T.INT64, [1])])
+    model = build([helper.make_node("Loop", ["m", "go", "x"], ["v", "sizes"], body=body)],
+                  [tensor("m", T.INT64, []), tensor("go", T.BOOL, []), tensor("x", shape=[3])],
+                  [tensor("v", shape=None), tensor("sizes", T.INT64, None)])
+    feeds = {"m": np.array(4, np.int64), "go": np.array(True), "x": np.float32([1, 2, 3])}
+    got = compiled(tmp_path, model).session().run(feeds)
+    want = reference(model, feeds)
+    np.testing.assert_array_equal(got["v"], want[0])
+    np.testing.assert_array_equal(got["sizes"], want[1])
+    assert got["sizes"].ravel().tolist() == [3, 6, 9, 12]
+
+
 def test_nested_subgraph_reads_a_value_two_scopes_out(tmp_path):
     """An If inside a Loop body reads the main graph's `scale`: both nodes capture it."""
     then = helper.make_graph([helper.make_node("Mul", ["acc", "scale"], ["t"])], "then", [], [tensor("t")])

@@ -12,6 +12,7 @@ kernels. An If whose condition is known is replaced by the nodes of the branch i
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
@@ -22,15 +23,41 @@ from .kernels import OpContext, lookup
 from .kernels.base import Kernel, fresh_dim
 
 
+@dataclass
+class _Step:
+    """One node of a sub-graph, with its kernel prepared once when all its infos are concrete."""
+
+    node: Node
+    cls: type[Kernel]
+    ctx: OpContext
+    kernel: Kernel | None = None
+    ins: list[TensorInfo | None] | None = None
+    outs: list[TensorInfo] | None = None
+    workspace: np.ndarray | None = None
+
+    def fits(self, values: Sequence[Any]) -> bool:
+        """True when the prepared kernel may run on `values`: they have the planned shapes."""
+        if self.kernel is None:
+            return False
+        return all(a is None if i is None else
+                   isinstance(a, np.ndarray) and a.shape == i.shape and a.dtype == i.dtype
+                   for a, i in zip(values, self.ins))
+
+
 class SubgraphRunner:
-    """A graph attribute of a node, inferred and run node by node with the library's kernels."""
+    """A graph attribute of a node, inferred and run node by node with the library's kernels.
+
+    Nodes whose shapes were all concrete when the sub-graph was propagated (a loop body over
+    fixed-size tensors) get their kernel prepared once and reused for every iteration whose
+    values have those shapes; the others are inferred and prepared each time they run.
+    """
 
     def __init__(self, graph: Graph, captures: Sequence[str]) -> None:
         self.graph = graph
         self.captures = list(captures)
         self.inferred: Graph | None = None
         """The propagated copy made by the last `infer` (the compiler keeps it in the node)."""
-        self._steps: list[tuple[Node, type[Kernel], OpContext]] | None = None
+        self._steps: list[_Step] | None = None
 
     def infer(self, inputs: Sequence[TensorInfo | None],
               captures: Sequence[TensorInfo | None]) -> list[TensorInfo]:
@@ -44,23 +71,38 @@ class SubgraphRunner:
         self.inferred = copy
         return [copy.infos[o] for o in g.outputs]
 
-    def _plan(self) -> list[tuple[Node, type[Kernel], OpContext]]:
-        if self._steps is None:
-            g = self.graph
-            self._steps = [(n, lookup(n.op_type, g.opset(n.domain), n.domain, n.label), context(n, g))
-                           for n in g.nodes]
-        return self._steps
+    def _step(self, node: Node) -> _Step:
+        g = self.graph
+        cls = lookup(node.op_type, g.opset(node.domain), node.domain, node.label)
+        step = _Step(node, cls, context(node, g))
+        names = [v for v in node.inputs + node.outputs if v]
+        if step.cls.dynamic or not all(v in g.infos and g.infos[v].static for v in names):
+            return step
+        step.ins = [g.infos[v] if v else None for v in node.inputs]
+        step.outs = step.cls.infer(step.ctx, step.ins)
+        if all(o.static for o in step.outs):
+            step.kernel = step.cls(step.ctx, step.ins, step.outs)
+            nws = step.kernel.workspace()
+            step.workspace = np.empty(nws, np.uint8) if nws else None
+        return step
 
     def run(self, inputs: Sequence[Any], captures: Sequence[Any]) -> list[Any]:
         g = self.graph
+        if self._steps is None:
+            self._steps = [self._step(n) for n in g.nodes]
         env: dict[str, Any] = dict(g.constants)
         env.update(zip(self.captures, captures))
         env.update(zip(g.inputs, inputs))
-        for node, cls, ctx in self._plan():
+        for step in self._steps:
+            node, cls, ctx = step.node, step.cls, step.ctx
             vals = [env[v] if v else None for v in node.inputs]
-            infos = [info_of(a, g.infos.get(v)) if v else None for v, a in zip(node.inputs, vals)]
             try:
-                results = execute(cls, ctx, vals, infos, infer_outputs(cls, ctx, infos))
+                if step.fits(vals):
+                    results = [np.empty(o.shape, o.dtype) for o in step.outs]
+                    step.kernel.run(vals, results, step.workspace)
+                else:
+                    infos = [info_of(a, g.infos.get(v)) if v else None for v, a in zip(node.inputs, vals)]
+                    results = execute(cls, ctx, vals, infos, infer_outputs(cls, ctx, infos))
             except OmrtError:
                 raise
             except Exception as e:

@@ -12,7 +12,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..errors import ShapeError
-from .base import Kernel, OpContext, TensorInfo, fresh_dim, normalize_axis, register
+from .base import Kernel, OpContext, Subgraph, TensorInfo, fresh_dim, normalize_axis, register
 
 _INT64 = np.dtype(np.int64)
 _BOOL = np.dtype(np.bool_)
@@ -53,17 +53,49 @@ def merge(a: TensorInfo, b: TensorInfo, ctx: OpContext, what: str) -> TensorInfo
 
 
 def carried(declared: TensorInfo, outer: TensorInfo | None) -> TensorInfo:
-    """What a sub-graph input that carries a value between iterations may hold, for inference.
+    """What a sub-graph input that carries a value between iterations may hold, to start with.
 
     Type and kind come from the outer value; the shape from the sub-graph's declaration when it
-    has the outer value's rank (it holds for every iteration), else unknown dims: a carried value's
-    shape may change from one iteration to the next, so the first one's must not be folded in.
+    has the outer value's rank, else unknown dims. `infer_carried` then widens what the body
+    changes: a carried value's shape may change from one iteration to the next, so the first
+    one's must not be folded in.
     """
     if outer is None:
         return bare(declared)
     if outer.shape is not None and (declared.shape is None or declared.rank != outer.rank):
         return TensorInfo(outer.dtype, tuple(fresh_dim("carried") for _ in outer.shape), kind=outer.kind)
     return TensorInfo(outer.dtype, declared.shape, kind=outer.kind)
+
+
+def _widen(info: TensorInfo, out: TensorInfo) -> TensorInfo | None:
+    """A more general info for a carried input the body turns into `out`, or None if it holds."""
+    if info.shape is None:
+        return None
+    if out.shape is None or len(out.shape) != len(info.shape):
+        return TensorInfo(info.dtype, None, kind=info.kind)
+    if all(not isinstance(d, int) or d == o for d, o in zip(info.shape, out.shape)):
+        return None
+    shape = tuple(d if not isinstance(d, int) or d == o else fresh_dim("carried")
+                  for d, o in zip(info.shape, out.shape))
+    return TensorInfo(info.dtype, shape, kind=info.kind)
+
+
+def infer_carried(body: Subgraph, ins: list[TensorInfo], carried: Sequence[tuple[int, int]],
+                  caps: Sequence[TensorInfo | None]) -> list[TensorInfo]:
+    """The body's output infos once every carried value's info holds for all iterations.
+
+    `carried` pairs the body input and output positions of each carried value. A dim the body
+    changes is made unknown (a rank it changes, the rank) and the body inferred again; this ends,
+    since every round turns at least one concrete dim or rank into an unknown one.
+    """
+    while True:
+        outs = body.infer(ins, caps)
+        wider = [(i, _widen(ins[i], outs[o])) for i, o in carried]
+        if not any(w for _, w in wider):
+            return outs
+        for i, w in wider:
+            if w is not None:
+                ins[i] = w
 
 
 def _scalar(value: np.ndarray, ctx: OpContext, what: str) -> np.generic:
@@ -131,8 +163,8 @@ class Loop(Kernel):
                              f"iteration number, the condition and the {len(init)} carried values")
         ins = [TensorInfo(_INT64, ()), TensorInfo(_BOOL, ())]
         ins += [carried(d, i) for d, i in zip(declared[2:], init)]
-        outs = body.infer(ins, caps)
         n = len(init)
+        outs = infer_carried(body, ins, [(2 + k, 1 + k) for k in range(n)], caps)
         finals = [bare(o) if i is None else merge(bare(o), bare(i), ctx, f"carried value {k}")
                   for k, (o, i) in enumerate(zip(outs[1:1 + n], init))]
         scans = [TensorInfo(o.dtype, None if o.shape is None else (fresh_dim("iterations"),) + o.shape)
@@ -188,7 +220,8 @@ class Scan(Kernel):
         n, axes, _ = cls._layout(ctx, len(ins), [i.rank for i in ins])
         steps = ins[n].shape[axes[0]]
         slices = [TensorInfo(x.dtype, x.shape[:a] + x.shape[a + 1:]) for x, a in zip(ins[n:], axes)]
-        outs = ctx.subgraphs["body"].infer([bare(s) for s in ins[:n]] + slices, caps)
+        body = [bare(s) for s in ins[:n]] + slices
+        outs = infer_carried(ctx.subgraphs["body"], body, [(k, k) for k in range(n)], caps)
         out_axes = list(ctx.attr("scan_output_axes") or [0] * (len(outs) - n))
         scans = []
         for o, a in zip(outs[n:], out_axes):
@@ -237,7 +270,7 @@ class Scan8(Kernel):
         batch, steps = ins[n].shape[0], ins[n].shape[1]
         body = [TensorInfo(x.dtype, x.shape[1:]) for x in ins[:n]]
         body += [TensorInfo(x.dtype, x.shape[2:]) for x in ins[n:]]
-        outs = ctx.subgraphs["body"].infer(body, caps)
+        outs = infer_carried(ctx.subgraphs["body"], body, [(k, k) for k in range(n)], caps)
         return ([TensorInfo(o.dtype, (batch,) + o.shape) for o in outs[:n]]
                 + [TensorInfo(o.dtype, (batch, steps) + o.shape) for o in outs[n:]])
 
