@@ -207,7 +207,8 @@ def _attention_model(scale_op: str = "Div", shared_query: bool = False):
     outputs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, seq, hidden])]
     if shared_query:
         outputs.append(helper.make_tensor_value_info("q_p", TensorProto.FLOAT, [1, seq, hidden]))
-    m = _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, seq, hidden])], outputs, inits)
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, seq, hidden])
+    m = _model(nodes, [x], outputs, inits)
     return m, {"x": RNG.standard_normal((1, seq, hidden)).astype(np.float32)}
 
 
@@ -228,3 +229,20 @@ def test_attention_scale_leaves_a_projection_read_elsewhere_unscaled(tmp_path):
     (query,) = [n for n in res.graph.nodes if "q_p" in n.outputs]
     (key,) = [n for n in res.graph.nodes if "k_p" in n.outputs]
     assert query.inputs[1:] == ["Wq", "bq"] and key.inputs[1] != "Wk"
+
+
+def test_scale_after_a_product_with_bias_is_not_folded(tmp_path):
+    inits = [numpy_helper.from_array(RNG.standard_normal((4, 5)).astype(np.float32), "W"),
+             numpy_helper.from_array(RNG.standard_normal(5).astype(np.float32), "b"),
+             numpy_helper.from_array(RNG.standard_normal(3).astype(np.float32), "c"),
+             numpy_helper.from_array(np.array(4.0, np.float32), "four")]
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["p"]), helper.make_node("Add", ["p", "b"], ["q"]),
+             helper.make_node("MatMul", ["q", "z"], ["s"]), helper.make_node("Add", ["s", "c"], ["t"]),
+             helper.make_node("Div", ["t", "four"], ["y"])]
+    m = _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4]),
+                       helper.make_tensor_value_info("z", TensorProto.FLOAT, [5, 3])],
+               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])], inits)
+    feeds = {"x": RNG.standard_normal((2, 4)).astype(np.float32),
+             "z": RNG.standard_normal((5, 3)).astype(np.float32)}
+    res = _run_both(m, feeds, tmp_path)
+    assert [n.op_type for n in res.graph.nodes] == ["FusedMatMul", "FusedMatMul", "Div"]

@@ -353,10 +353,11 @@ def fold_matmul_scale(graph: Graph) -> Graph:
         if op.op_type == "Mul" and _scalar(graph, const) is None:
             data, const = const, data
         c = _scalar(graph, const)
-        if (not c or data not in producers or not _is_matmul(graph.nodes[producers[data]])
+        mm = graph.nodes[producers[data]] if data in producers else None
+        # a plain product only: a bias or an activation in it would not scale with the operand
+        if (not c or mm is None or (mm.op_type, mm.domain) != ("MatMul", "") or "_act" in mm.attrs
                 or _sole_consumer(graph, data, uses) != j or graph.infos[op.outputs[0]] != graph.infos[data]):
             continue
-        mm = graph.nodes[producers[data]]
         proj = next((p for p in (_projection(graph, v, uses, producers) for v in mm.inputs[:2]) if p), None)
         if proj is None:
             continue
