@@ -15,7 +15,7 @@ from onnx.reference import ReferenceEvaluator
 import omrt
 from omrt.format import OmFile, Part
 from omrt.ir import CAPTURES, Graph
-from omrt.lower import ARENA, DYNAMIC
+from omrt.lower import ARENA, DYNAMIC, OUTPUT
 
 RNG = np.random.default_rng(3)
 
@@ -65,7 +65,7 @@ def test_captured_values_are_node_inputs_and_branches_are_graphs(tmp_path):
     then = node.attrs["then_branch"]
     assert isinstance(then, Graph) and then.nodes[0].op_type == "Mul"
     assert m.default is not None, "a model with static input shapes keeps its stored plan"
-    assert m.default.program.places["y"].region == DYNAMIC
+    assert m.default.program.places["y"].region == OUTPUT, "both branches give [2, 6]: planned"
 
 
 def test_if_with_a_known_condition_becomes_its_branch(tmp_path):
@@ -84,10 +84,11 @@ def test_if_with_a_known_condition_becomes_its_branch(tmp_path):
 
 
 def test_if_result_outlives_the_arena_block_of_the_value_it_returns(tmp_path):
-    """The branch returns captured r itself; r's block is reused by z after the If, and y must
-    still hold r."""
+    """The branches differ in shape, so the If runs late; its then-branch returns captured r
+    itself, r's block is reused by z after the If, and y must still hold r."""
     then = helper.make_graph([], "then", [], [tensor("r")])
-    other = helper.make_graph([helper.make_node("Neg", ["r"], ["e"])], "else", [], [tensor("e")])
+    other = helper.make_graph([helper.make_node("Concat", ["r", "r"], ["e"], axis=0)], "else", [],
+                              [tensor("e")])
     nodes = [helper.make_node("Relu", ["x"], ["r"]),
              helper.make_node("If", ["c"], ["y"], then_branch=then, else_branch=other),
              helper.make_node("Sigmoid", ["x"], ["z"]), helper.make_node("ReduceSum", ["z"], ["u"])]
@@ -95,6 +96,7 @@ def test_if_result_outlives_the_arena_block_of_the_value_it_returns(tmp_path):
                   [tensor("y", shape=[64]), tensor("u", shape=[1])])
     m = compiled(tmp_path, model)
     places = m.default.program.places
+    assert places["y"].region == DYNAMIC
     assert places["r"].region == places["z"].region == ARENA and places["r"].offset == places["z"].offset
     x = RNG.standard_normal(64).astype(np.float32)
     sess = m.session()
@@ -231,7 +233,9 @@ def test_scan_with_axes_and_directions(tmp_path):
     model = build(nodes, [tensor("s0", shape=[3]), tensor("x", shape=[3, 4])],
                   [tensor("s", shape=[3]), tensor("ys", shape=[3, 4])], opset=16)
     s0, x = RNG.standard_normal(3).astype(np.float32), RNG.standard_normal((3, 4)).astype(np.float32)
-    got = compiled(tmp_path, model).session().run({"s0": s0, "x": x})
+    m = compiled(tmp_path, model)
+    assert m.default.program.places["ys"].region == OUTPUT, "shapes known ahead: planned, not late"
+    got = m.session().run({"s0": s0, "x": x})
     s, ys = s0.copy(), []
     for t in reversed(range(4)):
         s = s + x[:, t]

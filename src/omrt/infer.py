@@ -33,7 +33,7 @@ class _Step:
     kernel: Kernel | None = None
     ins: list[TensorInfo | None] | None = None
     outs: list[TensorInfo] | None = None
-    workspace: np.ndarray | None = None
+    workspace: int = 0
 
     def fits(self, values: Sequence[Any]) -> bool:
         """True when the prepared kernel may run on `values`: they have the planned shapes."""
@@ -49,7 +49,9 @@ class SubgraphRunner:
 
     Nodes whose shapes were all concrete when the sub-graph was propagated (a loop body over
     fixed-size tensors) get their kernel prepared once and reused for every iteration whose
-    values have those shapes; the others are inferred and prepared each time they run.
+    values have those shapes; the others are inferred and prepared each time they run. A runner
+    may be shared by sessions running at once (it belongs to a prepared kernel): it keeps no
+    per-run state.
     """
 
     def __init__(self, graph: Graph, captures: Sequence[str]) -> None:
@@ -82,8 +84,7 @@ class SubgraphRunner:
         step.outs = step.cls.infer(step.ctx, step.ins)
         if all(o.static for o in step.outs):
             step.kernel = step.cls(step.ctx, step.ins, step.outs)
-            nws = step.kernel.workspace()
-            step.workspace = np.empty(nws, np.uint8) if nws else None
+            step.workspace = step.kernel.workspace()
         return step
 
     def run(self, inputs: Sequence[Any], captures: Sequence[Any]) -> list[Any]:
@@ -99,7 +100,8 @@ class SubgraphRunner:
             try:
                 if step.fits(vals):
                     results = [np.empty(o.shape, o.dtype) for o in step.outs]
-                    step.kernel.run(vals, results, step.workspace)
+                    ws = np.empty(step.workspace, np.uint8) if step.workspace else None
+                    step.kernel.run(vals, results, ws)
                 else:
                     infos = [info_of(a, g.infos.get(v)) if v else None for v, a in zip(node.inputs, vals)]
                     results = execute(cls, ctx, vals, infos, infer_outputs(cls, ctx, infos))
@@ -141,7 +143,7 @@ def execute(cls: type[Kernel], ctx: OpContext, arrays: Sequence[Any],
     kernel = cls(ctx, infos, outs)
     nws = kernel.workspace()
     ws = np.empty(nws, np.uint8) if nws else None
-    if cls.dynamic:
+    if cls.dynamic or not all(o.static for o in outs):
         return list(kernel.run(list(arrays), [None] * len(outs), ws))
     results = [np.empty(o.shape, o.dtype) for o in outs]
     kernel.run(list(arrays), results, ws)

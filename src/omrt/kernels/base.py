@@ -65,7 +65,9 @@ class Kernel:
     view: ClassVar[bool] = False
     """True when output 0 is input 0 reinterpreted with another shape (an alias, no task)."""
     dynamic: ClassVar[bool] = False
-    """True when output shapes depend on input values: `run` returns freshly allocated outputs."""
+    """True when output shapes depend on input values: `run` returns freshly allocated outputs.
+    A kernel whose `infer` leaves an output shape unknown only for some nodes (If, Loop, Scan) is
+    run the same way for those nodes: handed None outputs, it returns new arrays."""
     deterministic: ClassVar[bool] = True
     """False for random ops: never folded at compile time."""
     fuses: ClassVar[frozenset[str]] = frozenset()

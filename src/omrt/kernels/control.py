@@ -1,7 +1,9 @@
 """Control flow: If, Loop and Scan run their sub-graphs through `OpContext.subgraphs`.
 
-Their outputs depend on data (which branch, how many iterations), so they are dynamic kernels:
-they run late, and return what their sub-graphs produced. A node's inputs end with the outer
+Where inference knows every output's shape ahead (both branches agree, a Scan over fixed-size
+tensors), the node is planned like any other and its results are copied into its outputs, so
+what follows stays planned too; otherwise (a Loop's scan outputs, branches of different shapes)
+it runs late and returns what its sub-graphs produced. A node's inputs end with the outer
 values its sub-graphs capture (`OpContext.captures` of them); the kernels hand those on unchanged.
 """
 
@@ -114,16 +116,30 @@ def _stack(parts: list[np.ndarray], axis: int, info: TensorInfo) -> np.ndarray:
     return np.empty(elem[:axis] + [0] + elem[axis:], info.dtype)
 
 
+class _Subgraphs(Kernel):
+    """Base of the kernels that run sub-graphs: `results` computes, `run` delivers."""
+
+    def results(self, inputs: Sequence[Any]) -> list[Any]:
+        raise NotImplementedError(f"{type(self).__name__}.results")
+
+    def run(self, inputs, outputs, workspace):
+        results = self.results(inputs)
+        if all(o is None for o in outputs):
+            return results
+        for out, r in zip(outputs, results):
+            if out is not None:
+                np.copyto(out, r)
+        return None
+
+
 @register("If", since=1)
-class If(Kernel):
+class If(_Subgraphs):
     """Runs `then_branch` or `else_branch` on a one-element boolean condition.
 
     "then_branch and else_branch ... must produce the same number of outputs"; from opset 11 the
     shapes may differ between them, so the merged infos leave those dims unknown. An If whose
     condition is a constant is replaced by its branch at compile time.
     """
-
-    dynamic = True
 
     @classmethod
     def infer(cls, ctx, inputs):
@@ -135,14 +151,14 @@ class If(Kernel):
                              f"both must produce the node's {ctx.n_outputs}")
         return [merge(a, b, ctx, f"output {i}") for i, (a, b) in enumerate(zip(then, other))]
 
-    def run(self, inputs, outputs, workspace):
+    def results(self, inputs):
         (cond, *_), caps = split_captures(self.ctx, inputs)
         branch = "then_branch" if _scalar(cond, self.ctx, "condition") else "else_branch"
         return self.ctx.subgraphs[branch].run([], caps)
 
 
 @register("Loop", since=1)
-class Loop(Kernel):
+class Loop(_Subgraphs):
     """Runs `body` while the condition holds and fewer than M iterations ran (either may be absent).
 
     Body: (iteration_num, condition, carried...) -> (condition, carried..., scan_outputs...). The
@@ -150,8 +166,6 @@ class Loop(Kernel):
     stacked along a new first axis. Carried values may change shape between iterations; a value
     the body never assigns keeps its initial value when the loop runs zero times.
     """
-
-    dynamic = True
 
     @classmethod
     def infer(cls, ctx, inputs):
@@ -171,7 +185,7 @@ class Loop(Kernel):
                  for o in outs[1 + n:]]
         return (finals + scans)[:ctx.n_outputs]
 
-    def run(self, inputs, outputs, workspace):
+    def results(self, inputs):
         (m, cond, *values), caps = split_captures(self.ctx, inputs)
         body = self.ctx.subgraphs["body"]
         n = len(values)
@@ -187,11 +201,11 @@ class Loop(Kernel):
                 parts.append(v)
             i += 1
         elems = [TensorInfo(o.dtype, () if o.shape is None else o.shape[1:]) for o in self.outputs[n:]]
-        return (values + [_stack(p, 0, e) for p, e in zip(scans, elems)])[:len(outputs)]
+        return (values + [_stack(p, 0, e) for p, e in zip(scans, elems)])[:self.ctx.n_outputs]
 
 
 @register("Scan", since=9)
-class Scan(Kernel):
+class Scan(_Subgraphs):
     """Runs `body` once per slice of the scan inputs, carrying state from one slice to the next.
 
     Inputs: N initial states then `num_scan_inputs` tensors scanned along `scan_input_axes`
@@ -200,8 +214,6 @@ class Scan(Kernel):
     `scan_output_axes` (which "accepts negative values" counted on the output's rank), in reverse
     iteration order where `scan_output_directions` says 1.
     """
-
-    dynamic = True
 
     @classmethod
     def _layout(cls, ctx: OpContext, n_in: int, ranks: Sequence[int]) -> tuple[int, list[int], list[int]]:
@@ -229,7 +241,7 @@ class Scan(Kernel):
             scans.append(TensorInfo(o.dtype, o.shape[:a] + (steps,) + o.shape[a:]))
         return [bare(o) for o in outs[:n]] + scans
 
-    def run(self, inputs, outputs, workspace):
+    def results(self, inputs):
         ins, caps = split_captures(self.ctx, inputs)
         n, axes, dirs = self._layout(self.ctx, len(ins), [np.ndim(x) for x in ins])
         body = self.ctx.subgraphs["body"]
@@ -253,14 +265,12 @@ class Scan(Kernel):
 
 
 @register("Scan", since=8)
-class Scan8(Kernel):
+class Scan8(_Subgraphs):
     """Scan of opset 8: every input has a batch axis first and is scanned along axis 1.
 
     The optional first input `sequence_lens` gives each batch entry's length; scan outputs past
     that length are zero. `directions` (per scan input) reverses the scan.
     """
-
-    dynamic = True
 
     @classmethod
     def infer(cls, ctx, inputs):
@@ -274,7 +284,7 @@ class Scan8(Kernel):
         return ([TensorInfo(o.dtype, (batch,) + o.shape) for o in outs[:n]]
                 + [TensorInfo(o.dtype, (batch, steps) + o.shape) for o in outs[n:]])
 
-    def run(self, inputs, outputs, workspace):
+    def results(self, inputs):
         (lens, *ins), caps = split_captures(self.ctx, inputs)
         n = len(ins) - int(self.ctx.attr("num_scan_inputs"))
         dirs = list(self.ctx.attr("directions") or [0] * (len(ins) - n))
