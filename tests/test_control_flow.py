@@ -142,6 +142,23 @@ def test_loop_carries_values_and_stacks_scan_outputs(tmp_path, trips, threshold)
     np.testing.assert_allclose(got["scan"], np.array(want_scan, np.float32).reshape(-1, 3))
 
 
+@pytest.mark.parametrize("trips", [0, 3])
+def test_loop_without_scan_outputs_is_planned(tmp_path, trips):
+    body = loop_body(1e9)
+    del body.output[2]
+    model = build([helper.make_node("Loop", ["m", "", "acc0"], ["acc"], body=body)],
+                  [tensor("m", T.INT64, []), tensor("acc0", shape=[3]), tensor("x", shape=[3])],
+                  [tensor("acc", shape=[3])])
+    m = compiled(tmp_path, model)
+    assert m.default.program.places["acc"].region == OUTPUT
+    acc = np.empty(3, np.float32)
+    sess = m.session(zero_copy="always")
+    sess.bind("acc", acc)
+    feeds = {"m": np.array(trips, np.int64), "acc0": np.float32([1, 1, 1]), "x": np.float32([1, 2, 3])}
+    assert sess.run(feeds)["acc"] is acc
+    np.testing.assert_allclose(acc, feeds["acc0"] + sum(range(trips)) * feeds["x"])
+
+
 def test_loop_without_trip_count_runs_until_the_condition_fails(tmp_path):
     nodes = [helper.make_node("Loop", ["", "go", "acc0"], ["acc", "scan"], body=loop_body(30.0))]
     model = build(nodes, [tensor("go", T.BOOL, []), tensor("acc0", shape=[3]), tensor("x", shape=[3])],
