@@ -105,7 +105,9 @@ def markdown(records: list[dict]) -> str:
            f"`python benchmarks/conformance.py --markdown docs/conformance.md`.", "",
            f"**Total: {sum(total.values())} tests: {total['passed']} passed, {total['failed']} failed, "
            f"{total['errored']} errored, {total['skipped']} skipped.**", "",
-           "| operator | passed | failed | errored | skipped | first problem |", "|---|---|---|---|---|---|"]
+           "Tests omrt does not pass yet, and why (`omrt.backend.UNSUPPORTED`, the one list):", ""]
+    out += [f"- `{pattern}`: {reason}" for pattern, reason in omrt.backend.UNSUPPORTED.items()]
+    out += ["", "| operator | passed | failed | errored | skipped | first problem |", "|---|---|---|---|---|---|"]
     for op in sorted(per_op):
         c = per_op[op]
         bad = next((r["detail"] for r in records if r["op"] == op and r["outcome"] in ("failed", "errored")), "")

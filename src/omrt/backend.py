@@ -14,6 +14,22 @@ from onnx.backend.base import Backend, BackendRep, Device, DeviceType
 import omrt
 
 
+# The one list of official ONNX backend tests omrt does not pass, each with the reason. Keys are
+# regular expressions over test names; tests/test_onnx_backend.py excludes them and
+# benchmarks/conformance.py reports them. Remove an entry when its tests pass.
+UNSUPPORTED: dict[str, str] = {
+    r"^test_bernoulli": "random output: the suite compares one particular seeded draw",
+    r"^test_training_dropout": "random mask: the suite compares one particular seeded draw",
+    r"^test_cast_e8m0_": "casting to float8e8m0 is not implemented",
+    r"^test_flexattention": "FlexAttention (ai.onnx.preview) takes score and mask sub-graphs: not implemented",
+    r"^test_image_decoder_decode_(jpeg|jpeg2k|webp)_": "JPEG, JPEG 2000 and WebP need decoders the standard "
+                                                        "library lacks (PNG, BMP, PNM, TIFF are decoded)",
+    r"^test_gradient_of_": "Gradient (ai.onnx.preview.training) needs automatic differentiation",
+    r"^test_loop16_seq_none": "the suite's comparison calls len() on the 0-d tensor inside the expected "
+                              "sequence and raises for any backend (omrt's output equals the expected one)",
+}
+
+
 class OmrtRep(BackendRep):
     """A model compiled to `.om` and loaded; `run` feeds inputs positionally."""
 
