@@ -136,3 +136,12 @@ def test_runtime_needs_no_onnx(tmp_path, om_bytes):
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip() == "(4, 10)"
+
+
+def test_plan_from_an_omrt_with_other_kernels_is_refused(tmp_path, om_bytes, monkeypatch):
+    from omrt.kernels.linalg import MatMul
+
+    monkeypatch.setattr(MatMul, "workspace", lambda self: 1 << 20)
+    with pytest.raises(omrt.FormatError, match=r"\(MatMul\) needs 1048576 bytes of workspace but the plan in "
+                                               r"the file gives 0: .* recompile it with this one"):
+        omrt.load(_write(tmp_path, om_bytes))

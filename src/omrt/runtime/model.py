@@ -66,7 +66,12 @@ def prepare(graph: Graph, program: Program) -> Prepared:
         ctx = context(node, graph)
         if any(o is None for o in outs):
             outs = cls.infer(ctx, ins)
-        kernels.append(cls(ctx, ins, outs))
+        kernel = cls(ctx, ins, outs)
+        if kernel.workspace() > task.ws_size:
+            raise FormatError(f"node {node.label!r} ({node.op_type}) needs {kernel.workspace()} bytes of "
+                              f"workspace but the plan in the file gives {task.ws_size}: the model was "
+                              f"compiled by an omrt with other kernels; recompile it with this one")
+        kernels.append(kernel)
     return Prepared(program, graph, kernels)
 
 
