@@ -17,8 +17,7 @@ import numpy as np
 
 from ..errors import KernelError, ShapeError
 from .base import (Dim, Kernel, OpContext, Shape, TensorInfo, broadcast_shapes, normalize_axis, numel,
-                   register)
-from .elementwise import onnx_dtype
+                   onnx_dtype, register)
 
 _F32 = np.dtype(np.float32)
 _F64 = np.dtype(np.float64)

@@ -15,7 +15,7 @@ from typing import Any, Callable, ClassVar, Mapping, Protocol, Sequence
 import numpy as np
 
 from ..errors import ShapeError, UnsupportedOpError
-from ..ir import Dim, Graph, Shape, TensorInfo
+from ..ir import Dim, Graph, Shape, TensorInfo, dtype_from_name
 
 
 class Subgraph(Protocol):
@@ -229,3 +229,46 @@ def apply_activation(out: np.ndarray, ctx: OpContext) -> None:
         np.clip(out, 0, 1, out=out)
     else:
         raise ValueError(f"unknown fused activation {act!r}")
+
+
+# ----------------------------------------------------------------------------- dtypes and scratch
+
+ONNX_DTYPES = {
+    1: "float32", 2: "uint8", 3: "int8", 4: "uint16", 5: "int16", 6: "int32", 7: "int64",
+    8: "object", 9: "bool", 10: "float16", 11: "float64", 12: "uint32", 13: "uint64",
+    14: "complex64", 15: "complex128", 16: "bfloat16", 17: "float8_e4m3fn", 18: "float8_e4m3fnuz",
+    19: "float8_e5m2", 20: "float8_e5m2fnuz", 21: "uint4", 22: "int4", 23: "float4_e2m1fn",
+    24: "float8_e8m0fnu", 25: "uint2", 26: "int2", 27: "float6_e2m3fn", 28: "float6_e3m2fn",
+}
+"""ONNX TensorProto data types by number; strings are numpy object arrays."""
+
+
+def onnx_dtype(code: int, ctx: OpContext) -> np.dtype:
+    """The numpy dtype of an ONNX data type number, or a ShapeError naming the node and the fix."""
+    name = ONNX_DTYPES.get(int(code))
+    if name is None:
+        raise ShapeError(f"{ctx.name}: {ctx.op_type} names data type {code}, which ONNX does not "
+                         f"define; use a TensorProto.DataType value")
+    try:
+        return dtype_from_name(name)
+    except (TypeError, AttributeError):
+        raise ShapeError(f"{ctx.name}: {ctx.op_type} needs type {name}, which numpy only knows "
+                         f"through the ml_dtypes package; install it, or cast to float32 instead") from None
+
+
+def carve(workspace: np.ndarray | None, *specs: tuple[tuple[int, ...], np.dtype]) -> list[np.ndarray]:
+    """Consecutive 64-byte aligned C-contiguous arrays of the given (shape, dtype) in a workspace."""
+    if workspace is None:
+        workspace = np.empty(0, np.uint8)
+    views = []
+    offset = 0
+    for shape, dtype in specs:
+        nbytes = numel(shape) * np.dtype(dtype).itemsize
+        views.append(workspace[offset:offset + nbytes].view(dtype).reshape(shape))
+        offset += -(-nbytes // 64) * 64
+    return views
+
+
+def carve_size(*specs: tuple[tuple[int, ...], np.dtype]) -> int:
+    """Workspace bytes `carve` needs for these arrays."""
+    return sum(-(-numel(shape) * np.dtype(dtype).itemsize // 64) * 64 for shape, dtype in specs)

@@ -13,33 +13,7 @@ from typing import Callable, ClassVar, Sequence
 import numpy as np
 
 from ..errors import ShapeError
-from .base import Kernel, OpContext, TensorInfo, broadcast_shapes, numel, register
-
-# ----------------------------------------------------------------------------- dtypes
-
-_ONNX_DTYPES = {
-    1: "float32", 2: "uint8", 3: "int8", 4: "uint16", 5: "int16", 6: "int32", 7: "int64",
-    8: "object", 9: "bool", 10: "float16", 11: "float64", 12: "uint32", 13: "uint64",
-    14: "complex64", 15: "complex128", 16: "bfloat16", 17: "float8_e4m3fn", 18: "float8_e4m3fnuz",
-    19: "float8_e5m2", 20: "float8_e5m2fnuz", 21: "uint4", 22: "int4", 23: "float4_e2m1fn",
-    24: "float8_e8m0fnu", 25: "uint2", 26: "int2", 27: "float6_e2m3fn", 28: "float6_e3m2fn",
-}
-"""ONNX TensorProto data types by number; strings are numpy object arrays."""
-
-
-def onnx_dtype(code: int, ctx: OpContext) -> np.dtype:
-    """The numpy dtype of an ONNX data type number, or a ShapeError naming it."""
-    name = _ONNX_DTYPES.get(int(code))
-    if name is None:
-        raise ShapeError(f"{ctx.name}: {ctx.op_type} names data type {code}, which ONNX does not "
-                         f"define; use a TensorProto.DataType value")
-    try:
-        return np.dtype(name)
-    except TypeError:
-        raise ShapeError(f"{ctx.name}: {ctx.op_type} needs type {name}, which numpy only knows "
-                         f"once the ml_dtypes package is imported; import ml_dtypes before "
-                         f"loading the model, or cast to float32 instead") from None
-
+from .base import Kernel, OpContext, TensorInfo, broadcast_shapes, numel, onnx_dtype, register
 
 def _kind(dtype: np.dtype) -> str:
     """numpy's kind letter, with ml_dtypes' small floats counted as floats and strings as 'S'."""

@@ -16,53 +16,17 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from ..errors import ShapeError
-from .base import Kernel, OpContext, Shape, TensorInfo, broadcast_shapes, normalize_axis, numel, register
-
-_ALIGN = 64
+from .base import (Kernel, OpContext, Shape, TensorInfo, broadcast_shapes, carve, carve_size, normalize_axis,
+                   numel, onnx_dtype, register)
 
 COLUMNS_CAP = 1 << 20
 """Upper bound (bytes) of the integer convolutions' column and result buffers; bigger layers are
 processed in chunks of output rows."""
 
-_ONNX_DTYPES = {
-    1: "float32", 2: "uint8", 3: "int8", 4: "uint16", 5: "int16", 6: "int32", 7: "int64", 9: "bool",
-    10: "float16", 11: "float64", 12: "uint32", 13: "uint64", 14: "complex64", 15: "complex128",
-    16: "bfloat16", 17: "float8_e4m3fn", 18: "float8_e4m3fnuz", 19: "float8_e5m2", 20: "float8_e5m2fnuz",
-    21: "uint4", 22: "int4", 23: "float4_e2m1fn", 24: "float8_e8m0fnu", 25: "uint2", 26: "int2",
-    27: "float6_e2m3fn", 28: "float6_e3m2fn",
-}
-
 _NARROW_INT_RANGES = {"int4": (-8, 7), "uint4": (0, 15), "int2": (-2, 1), "uint2": (0, 3)}
 _FLOAT_MAX = {"float8_e4m3fn": 448.0, "float8_e4m3fnuz": 240.0, "float8_e5m2": 57344.0,
               "float8_e5m2fnuz": 57344.0, "float4_e2m1fn": 6.0, "float6_e2m3fn": 7.5,
               "float6_e3m2fn": 28.0}
-
-
-def onnx_dtype(code: int, name: str = "") -> np.dtype:
-    """The numpy dtype of an ONNX TensorProto data type code, or a ShapeError naming the node."""
-    try:
-        return np.dtype(_ONNX_DTYPES[int(code)])
-    except (KeyError, TypeError) as e:
-        raise ShapeError(f"{name}: ONNX data type {code} has no numpy dtype here (narrow float and "
-                         f"4-bit types need the ml_dtypes package); use a standard type") from e
-
-
-def carve(workspace: np.ndarray | None, *specs: tuple[tuple[int, ...], np.dtype]) -> list[np.ndarray]:
-    """Consecutive 64-byte aligned C-contiguous arrays of the given (shape, dtype) in a workspace."""
-    if workspace is None:
-        workspace = np.empty(0, np.uint8)
-    views = []
-    offset = 0
-    for shape, dtype in specs:
-        nbytes = numel(shape) * np.dtype(dtype).itemsize
-        views.append(workspace[offset:offset + nbytes].view(dtype).reshape(shape))
-        offset += -(-nbytes // _ALIGN) * _ALIGN
-    return views
-
-
-def carve_size(*specs: tuple[tuple[int, ...], np.dtype]) -> int:
-    """Workspace bytes `carve` needs for these arrays."""
-    return sum(-(-numel(shape) * np.dtype(dtype).itemsize // _ALIGN) * _ALIGN for shape, dtype in specs)
 
 
 def _quant_range(dtype: np.dtype, name: str) -> tuple[float, float, bool]:
@@ -190,11 +154,11 @@ class QuantizeLinear(Kernel):
     def _out_dtype(ctx: OpContext, zp: TensorInfo | None) -> np.dtype:
         code = ctx.attr("output_dtype", 0)
         if zp is not None:
-            if code and onnx_dtype(code, ctx.name) != zp.dtype:
-                raise ShapeError(f"{ctx.name}: output_dtype {onnx_dtype(code, ctx.name)} differs from "
+            if code and onnx_dtype(code, ctx) != zp.dtype:
+                raise ShapeError(f"{ctx.name}: output_dtype {onnx_dtype(code, ctx)} differs from "
                                  f"y_zero_point's {zp.dtype}; drop one or make them agree")
             return zp.dtype
-        return onnx_dtype(code, ctx.name) if code else np.dtype(np.uint8)
+        return onnx_dtype(code, ctx) if code else np.dtype(np.uint8)
 
     @classmethod
     def infer(cls, ctx: OpContext, inputs: Sequence[TensorInfo | None]) -> list[TensorInfo]:
@@ -211,7 +175,7 @@ class QuantizeLinear(Kernel):
         x, scale = inputs[0], inputs[1]
         self.grain = _Granularity(ctx, x.shape, scale.shape)
         precision = ctx.attr("precision", 0)
-        self.dtype = (onnx_dtype(precision, ctx.name) if precision
+        self.dtype = (onnx_dtype(precision, ctx) if precision
                       else np.result_type(x.dtype, scale.dtype))
         self.saturate = bool(ctx.attr("saturate", 1))
         self.spec = (tuple(x.shape), self.dtype)
@@ -244,7 +208,7 @@ class DequantizeLinear(Kernel):
         x, scale = inputs[0], inputs[1]
         code = ctx.attr("output_dtype", 0)
         _Granularity(ctx, x.shape, scale.shape)
-        return [TensorInfo(onnx_dtype(code, ctx.name) if code else scale.dtype, x.shape)]
+        return [TensorInfo(onnx_dtype(code, ctx) if code else scale.dtype, x.shape)]
 
     def __init__(self, ctx: OpContext, inputs: Sequence[TensorInfo | None],
                  outputs: Sequence[TensorInfo]) -> None:

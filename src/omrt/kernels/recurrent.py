@@ -12,8 +12,7 @@ from typing import Callable, ClassVar, Iterator, Sequence
 import numpy as np
 
 from ..errors import ShapeError
-from .base import Kernel, OpContext, TensorInfo, register
-from .quantization import carve, carve_size
+from .base import Kernel, OpContext, TensorInfo, carve, carve_size, register
 
 Activation = Callable[[np.ndarray], None]
 """Applies an activation to an array in place."""

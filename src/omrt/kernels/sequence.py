@@ -13,9 +13,8 @@ import numpy as np
 
 from ..errors import ShapeError
 from ..ir import OPTIONAL, SEQUENCE
-from .base import Kernel, OpContext, TensorInfo, normalize_axis, register
+from .base import Kernel, OpContext, TensorInfo, normalize_axis, onnx_dtype, register
 from .control import bare, merge, split_captures
-from .elementwise import onnx_dtype
 
 _INT64 = np.dtype(np.int64)
 _BOOL = np.dtype(np.bool_)

@@ -14,8 +14,7 @@ import numpy as np
 
 from ..errors import KernelError, ShapeError
 from .base import (Dim, Kernel, OpContext, Shape, TensorInfo, broadcast_shapes, normalize_axis,
-                   register)
-from .elementwise import onnx_dtype
+                   onnx_dtype, register)
 
 _INT64 = np.dtype(np.int64)
 _BIG = 2 ** 31 - 1

@@ -13,8 +13,7 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from ..errors import ShapeError
-from .base import Dim, Kernel, OpContext, TensorInfo, numel, register
-from .quantization import carve, carve_size, onnx_dtype
+from .base import Dim, Kernel, OpContext, TensorInfo, carve, carve_size, numel, onnx_dtype, register
 
 _NATIVE = (np.dtype(np.float32), np.dtype(np.float64))
 
@@ -300,7 +299,7 @@ class _CosineWindow(Kernel):
         _, size = _scalar_input(inputs, 0)
         if size is not None and size < 0:
             raise ShapeError(f"{ctx.name}: window size must be >= 0, got {size}")
-        return [TensorInfo(onnx_dtype(ctx.attr("output_datatype", 1), ctx.name), (size,))]
+        return [TensorInfo(onnx_dtype(ctx.attr("output_datatype", 1), ctx), (size,))]
 
     def run(self, inputs, outputs, workspace):
         out = outputs[0]
@@ -352,7 +351,7 @@ class MelWeightMatrix(Kernel):
         _, mels = _scalar_input(inputs, 0)
         _, length = _scalar_input(inputs, 1)
         bins = None if length is None else length // 2 + 1
-        return [TensorInfo(onnx_dtype(ctx.attr("output_datatype", 1), ctx.name), (bins, mels))]
+        return [TensorInfo(onnx_dtype(ctx.attr("output_datatype", 1), ctx), (bins, mels))]
 
     def run(self, inputs, outputs, workspace):
         out = outputs[0]

@@ -14,8 +14,7 @@ from typing import Sequence
 import numpy as np
 
 from ..errors import ShapeError
-from .base import Kernel, OpContext, TensorInfo, broadcast_shapes, register
-from .elementwise import onnx_dtype
+from .base import Kernel, OpContext, TensorInfo, broadcast_shapes, onnx_dtype, register
 
 _STRING = np.dtype(object)
 _BOOL = np.dtype(np.bool_)
