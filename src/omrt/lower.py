@@ -193,7 +193,7 @@ def lower(graph: Graph) -> Program:
         node = graph.nodes[task.node]
         ins = [infos[v] if v else None for v in task.inputs]
         ctx = context(node, graph)
-        ws = cls(ctx, ins, cls.infer(ctx, ins)).workspace()
+        ws = cls(ctx, ins, [infos[v] if v else None for v in task.outputs]).workspace()
         if ws:
             task.ws_size = ws
             b = Block(f"workspace of {node.label}", ws, t, t)

@@ -64,8 +64,6 @@ def prepare(graph: Graph, program: Program) -> Prepared:
         outs = [TensorInfo(graph.infos[v].dtype, tuple(program.shapes[v])) if v in program.shapes
                 else None for v in task.outputs]
         ctx = context(node, graph)
-        if any(o is None for o in outs):
-            outs = cls.infer(ctx, ins)
         kernel = cls(ctx, ins, outs)
         if kernel.workspace() > task.ws_size:
             raise FormatError(f"node {node.label!r} ({node.op_type}) needs {kernel.workspace()} bytes of "
