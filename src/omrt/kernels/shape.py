@@ -745,8 +745,19 @@ def _scatter(flat: np.ndarray, lin: np.ndarray, updates: np.ndarray, reduction: 
 _REDUCTIONS = {"add": np.add, "mul": np.multiply, "min": np.minimum, "max": np.maximum}
 
 
+class _ElementIndexed(Kernel):
+    """Shared by GatherElements and ScatterElements: the axis, and int64 flat offsets in the workspace."""
+
+    def __init__(self, ctx, inputs, outputs):
+        super().__init__(ctx, inputs, outputs)
+        self.axis = normalize_axis(int(ctx.attrs.get("axis", 0)), inputs[0].rank, ctx.name)
+
+    def workspace(self) -> int:
+        return 8 * math.prod(self.inputs[1].shape)
+
+
 @register("GatherElements", since=11)
-class GatherElements(Kernel):
+class GatherElements(_ElementIndexed):
     """out[i][j][k] = data[idx[i][j][k]][j][k] (for axis 0): np.take_along_axis into `out`."""
 
     @classmethod
@@ -758,12 +769,6 @@ class GatherElements(Kernel):
                              f"rank {data.rank}; they must match")
         return [TensorInfo(data.dtype, idx.shape)]
 
-    def __init__(self, ctx, inputs, outputs):
-        super().__init__(ctx, inputs, outputs)
-        self.axis = normalize_axis(int(ctx.attrs.get("axis", 0)), inputs[0].rank, ctx.name)
-
-    def workspace(self) -> int:
-        return 8 * math.prod(self.inputs[1].shape)
 
     def run(self, inputs, outputs, workspace):
         data, idx = inputs[0], inputs[1]
@@ -777,7 +782,7 @@ class GatherElements(Kernel):
 @register("ScatterElements", since=18)
 @register("ScatterElements", since=16)
 @register("ScatterElements", since=11)
-class ScatterElements(Kernel):
+class ScatterElements(_ElementIndexed):
     """out = data; out[idx[i][j][k]][j][k] = updates[i][j][k] (axis 0), or combined by `reduction`.
 
     "reduction: Type of reduction to apply: none (default), add, mul, max, min" (add/mul from
@@ -795,12 +800,6 @@ class ScatterElements(Kernel):
                              f"{upd.shape} must have one shape, of the rank of data {data.shape}")
         return [TensorInfo(data.dtype, data.shape)]
 
-    def __init__(self, ctx, inputs, outputs):
-        super().__init__(ctx, inputs, outputs)
-        self.axis = normalize_axis(int(ctx.attrs.get("axis", 0)), inputs[0].rank, ctx.name)
-
-    def workspace(self) -> int:
-        return 8 * math.prod(self.inputs[1].shape)
 
     def run(self, inputs, outputs, workspace):
         data, idx, upd = inputs[:3]
