@@ -8,25 +8,9 @@ import numpy as np
 
 from ..errors import ShapeError
 from .base import (FUSED_ACTIVATIONS, Dim, Kernel, OpContext, Shape, TensorInfo, apply_activation,
-                   broadcast_shapes, normalize_axis, numel, register)
+                   broadcast_shapes, carve, carve_size, normalize_axis, numel, register)
 
 _STASH_TYPES = {1: np.dtype(np.float32), 10: np.dtype(np.float16), 11: np.dtype(np.float64)}
-
-
-def carve(workspace: np.ndarray, dtype: np.dtype, *shapes: tuple[int, ...]) -> list[np.ndarray]:
-    """Cut consecutive 64-byte aligned arrays of `dtype` and the given shapes out of a workspace."""
-    views = []
-    offset = 0
-    for shape in shapes:
-        nbytes = numel(shape) * dtype.itemsize
-        views.append(workspace[offset:offset + nbytes].view(dtype).reshape(shape))
-        offset += -(-nbytes // 64) * 64
-    return views
-
-
-def carve_size(dtype: np.dtype, *shapes: tuple[int, ...]) -> int:
-    """Workspace bytes `carve` needs for these arrays."""
-    return sum(-(-numel(s) * dtype.itemsize // 64) * 64 for s in shapes)
 
 
 def compute_dtype(dtype: np.dtype) -> np.dtype:
@@ -161,7 +145,7 @@ class BatchNormalization(_SameShape):
         return _channel_view(a, rank), _channel_view(b, rank)
 
     def workspace(self) -> int:
-        return carve_size(self.ct, self.inputs[0].shape) if self.buffered else 0
+        return carve_size((self.inputs[0].shape, self.ct)) if self.buffered else 0
 
     def run(self, inputs, outputs, workspace):
         x, scale, bias, mean, var = inputs[:5]
@@ -173,7 +157,7 @@ class BatchNormalization(_SameShape):
             apply_activation(y, self.ctx)
             return
         ct = self.ct
-        buf = carve(workspace, ct, x.shape)[0] if self.buffered else y
+        buf = carve(workspace, (x.shape, ct))[0] if self.buffered else y
         if self.buffered:
             np.copyto(buf, x)
         axes = (0,) + tuple(range(2, x.ndim))
@@ -213,12 +197,12 @@ class LRN(_SameShape):
         self.shapes = [x.shape] * (1 if self.ct == x.dtype else 2)
 
     def workspace(self) -> int:
-        return carve_size(self.ct, *self.shapes)
+        return carve_size(*((s, self.ct) for s in self.shapes))
 
     def run(self, inputs, outputs, workspace):
         x = inputs[0]
         y = outputs[0]
-        bufs = carve(workspace, self.ct, *self.shapes)
+        bufs = carve(workspace, *((s, self.ct) for s in self.shapes))
         acc = bufs[0]
         sq = y if len(bufs) == 1 else bufs[1]
         np.multiply(x, x, out=sq, casting="same_kind")
@@ -265,7 +249,7 @@ class _Standardizing(_SameShape):
 
     def workspace(self) -> int:
         x = self.inputs[0]
-        return 0 if self.stash == x.dtype else carve_size(self.stash, x.shape)
+        return 0 if self.stash == x.dtype else carve_size((x.shape, self.stash))
 
     def affine(self, y: np.ndarray, inputs: Sequence[np.ndarray | None]) -> None:
         """Apply the scale and bias inputs to the normalized `y` (input-shaped), in place."""
@@ -274,7 +258,7 @@ class _Standardizing(_SameShape):
         x = inputs[0]
         y = outputs[0]
         buffered = self.stash != x.dtype
-        buf = carve(workspace, self.stash, x.shape)[0] if buffered else y
+        buf = carve(workspace, (x.shape, self.stash))[0] if buffered else y
         if buffered:
             np.copyto(buf, x)
         with np.errstate(invalid="ignore", divide="ignore"):
@@ -482,14 +466,14 @@ class LpNormalization(_SameShape):
         self.ct = compute_dtype(x.dtype)
 
     def workspace(self) -> int:
-        return carve_size(self.inputs[0].dtype, self.inputs[0].shape) if self.p == 1 else 0
+        return carve_size((self.inputs[0].shape, self.inputs[0].dtype)) if self.p == 1 else 0
 
     def run(self, inputs, outputs, workspace):
         x = inputs[0]
         if self.p == 2:
             norm = np.sqrt(_sum_squares(x, (self.axis,), self.ct))
         else:
-            absolute = np.abs(x, out=carve(workspace, x.dtype, x.shape)[0])
+            absolute = np.abs(x, out=carve(workspace, (x.shape, x.dtype))[0])
             norm = np.sum(absolute, axis=self.axis, keepdims=True, dtype=self.ct)
         with np.errstate(divide="ignore"):
             inv = np.where(norm == 0, 0, 1 / norm).astype(self.ct)

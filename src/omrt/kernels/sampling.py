@@ -15,8 +15,7 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from ..errors import ShapeError
-from .base import Dim, Kernel, OpContext, Shape, TensorInfo, normalize_axis, numel, register
-from .normalization import carve, carve_size
+from .base import Dim, Kernel, OpContext, Shape, TensorInfo, carve, carve_size, normalize_axis, numel, register
 
 _COORD_MODES = ("half_pixel", "half_pixel_symmetric", "pytorch_half_pixel", "align_corners",
                 "asymmetric", "tf_half_pixel_for_nn", "tf_crop_and_resize")
@@ -217,7 +216,7 @@ class Resampler:
         return regions
 
     def workspace_size(self) -> int:
-        return sum(carve_size(dt, (n,)) for dt, n in self.layout if not dt.hasobject)
+        return sum(carve_size(((n,), dt)) for dt, n in self.layout if not dt.hasobject)
 
     def _regions(self, workspace: np.ndarray | None) -> list[np.ndarray]:
         """The layout's arrays, carved from the workspace (object arrays cannot live there)."""
@@ -229,8 +228,8 @@ class Resampler:
             if dt.hasobject:
                 views.append(np.empty(n, dt))
                 continue
-            size = carve_size(dt, (n,))
-            views.append(carve(workspace[offset:offset + size], dt, (n,))[0])
+            size = carve_size(((n,), dt))
+            views.append(carve(workspace[offset:offset + size], ((n,), dt))[0])
             offset += size
         return views
 
@@ -629,7 +628,7 @@ class GridSample(Kernel):
             return 0
         x = self.inputs[0]
         acc = (x.shape[0],) + self.plane
-        return carve_size(x.dtype, self.plane) + (carve_size(self.ct, acc, self.plane) if self.widen else 0)
+        return carve_size((self.plane, x.dtype)) + (carve_size((acc, self.ct), (self.plane, self.ct)) if self.widen else 0)
 
     def _taps(self, coord: np.ndarray, d: int) -> list[_Tap]:
         """(index, weight, valid) per tap along one spatial axis of length d.
@@ -699,10 +698,10 @@ class GridSample(Kernel):
                 if mask is not None:
                     np.copyto(ys[b], y.dtype.type(0), where=~mask[b])
             return
-        gathered = carve(workspace, x.dtype, self.plane)[0]
+        gathered = carve(workspace, (self.plane, x.dtype))[0]
         acc, scratch = ys, gathered
         if self.widen:
-            acc, scratch = carve(workspace[carve_size(x.dtype, self.plane):], self.ct, (n, c, p), self.plane)
+            acc, scratch = carve(workspace[carve_size((self.plane, x.dtype)):], ((n, c, p), self.ct), (self.plane, self.ct))
         for j, (flat, weight, _) in enumerate(self._combos(grid)):
             for b in range(n):
                 np.take(xs[b], flat[b], axis=1, out=gathered)
