@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from .errors import (BindError, CompileError, FormatError, InputError, KernelError, OmrtError,
                      ShapeError, UnsupportedOpError)
+from .kernels.parallel import get_num_threads, set_num_threads
 from .runtime import IOSpec, Model, Session, Stats, load
 
 if TYPE_CHECKING:
@@ -28,4 +29,5 @@ def compile(model: Any, output: str | os.PathLike, shapes: Mapping[str, Sequence
 
 
 __all__ = ["BindError", "CompileError", "FormatError", "IOSpec", "InputError", "KernelError", "Model",
-           "OmrtError", "Session", "ShapeError", "Stats", "UnsupportedOpError", "compile", "load"]
+           "OmrtError", "Session", "ShapeError", "Stats", "UnsupportedOpError", "compile", "get_num_threads",
+           "load", "set_num_threads"]

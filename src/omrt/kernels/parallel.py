@@ -1,0 +1,276 @@
+"""omrt's own intra-op threads: a small persistent worker pool, and the BLAS library pinned to one thread.
+
+OpenBLAS splits each GEMM across its threads, which pays for big products but not for the many
+small ones of a CNN, and its threads spin waiting on each other when another process holds a
+core. With `set_num_threads(n)`, n > 1, omrt instead splits its kernels' work into independent
+pieces (column chunks of a convolution, row or column blocks of a product, groups) and runs them
+on n threads of its own, each piece a single-threaded BLAS call or numpy loop that releases the
+GIL. Pieces are taken first come, first served: when a worker is late (its core busy), the caller
+takes its share and never waits for a worker that took nothing.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import glob
+import itertools
+import os
+import queue
+import threading
+import warnings
+from typing import Callable, Sequence
+
+import numpy as np
+
+MAX_SLOTS = 2
+"""How many private scratch buffers a kernel plans for (one per thread that runs its pieces).
+
+Plans are made once at compile time, before the thread count is known; a kernel given more
+threads still runs its buffer-bound pieces on at most that many of them.
+"""
+
+MIN_FLOPS = 1 << 24
+"""Products smaller than this (multiply-adds times two) run whole: a split would cost more in
+handoff than it saves."""
+
+_OPENBLAS_SYMBOLS = (("scipy_openblas_set_num_threads64_", "scipy_openblas_get_num_threads64_"),
+                     ("scipy_openblas_set_num_threads", "scipy_openblas_get_num_threads"),
+                     ("openblas_set_num_threads64_", "openblas_get_num_threads64_"),
+                     ("openblas_set_num_threads", "openblas_get_num_threads"))
+
+
+def _loaded_libraries() -> list[str]:
+    """Shared libraries whose name mentions OpenBLAS: mapped in this process, else numpy's own."""
+    found: list[str] = []
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                path = line.split(maxsplit=5)[-1].strip()
+                if "openblas" in os.path.basename(path).lower() and path not in found:
+                    found.append(path)
+    except OSError:
+        pass
+    if not found:
+        root = os.path.dirname(np.__file__)
+        for folder in (os.path.join(root, os.pardir, "numpy.libs"), os.path.join(root, ".libs"),
+                       os.path.join(root, ".dylibs")):
+            found += sorted(glob.glob(os.path.join(folder, "*openblas*")))
+    return found
+
+
+class _Blas:
+    """The thread count setter and getter of the OpenBLAS that numpy uses, when there is one."""
+
+    def __init__(self) -> None:
+        self.set: Callable[[int], None] | None = None
+        self.get: Callable[[], int] | None = None
+        self.name = ""
+        mode = getattr(os, "RTLD_NOLOAD", 0) | getattr(os, "RTLD_LAZY", 0) or ctypes.DEFAULT_MODE
+        for path in _loaded_libraries():
+            try:
+                lib = ctypes.CDLL(path, mode=mode)
+            except OSError:
+                continue
+            for setter, getter in _OPENBLAS_SYMBOLS:
+                if hasattr(lib, setter) and hasattr(lib, getter):
+                    set_fn, get_fn = getattr(lib, setter), getattr(lib, getter)
+                    set_fn.argtypes, set_fn.restype = [ctypes.c_int], None
+                    get_fn.argtypes, get_fn.restype = [], ctypes.c_int
+                    self.set, self.get, self.name = set_fn, get_fn, os.path.basename(path)
+                    return
+
+
+_blas: _Blas | None = None
+_blas_before: int | None = None
+"""The BLAS thread count omrt found before it pinned BLAS to one thread (None: not pinned)."""
+
+
+def blas_threads() -> int | None:
+    """The OpenBLAS thread count now, or None when no OpenBLAS is found."""
+    global _blas
+    if _blas is None:
+        _blas = _Blas()
+    return _blas.get() if _blas.get is not None else None
+
+
+def _pin_blas(pin: bool) -> None:
+    """Pin OpenBLAS to one thread (pin) or give it back the count it had (not pin)."""
+    global _blas_before
+    before = blas_threads()
+    if before is None:
+        if pin:
+            warnings.warn("omrt.set_num_threads: no OpenBLAS library is loaded in this process, so omrt "
+                          "cannot pin numpy's BLAS to one thread; omrt's threads will run alongside the "
+                          "BLAS library's own. Limit those with its environment variable (for example "
+                          "MKL_NUM_THREADS=1) before numpy is imported.", RuntimeWarning, stacklevel=3)
+        return
+    if pin and _blas_before is None:
+        _blas_before = before
+        _blas.set(1)
+    elif not pin and _blas_before is not None:
+        _blas.set(_blas_before)
+        _blas_before = None
+
+
+class _Job:
+    """One parallel_for call: items are handed out by a counter; whoever finishes the last one
+    releases `done`."""
+
+    __slots__ = ("fn", "count", "take", "finish", "done", "error")
+
+    def __init__(self, fn: Callable[[int, int], None], count: int) -> None:
+        self.fn, self.count = fn, count
+        self.take = itertools.count().__next__
+        self.finish = itertools.count(1).__next__
+        self.done = threading.Lock()
+        self.done.acquire()
+        self.error: BaseException | None = None
+
+    def work(self, slot: int) -> None:
+        fn, count, take = self.fn, self.count, self.take
+        while True:
+            i = take()
+            if i >= count:
+                return
+            try:
+                fn(i, slot)
+            except BaseException as e:  # noqa: BLE001 - handed to the caller, raised there
+                if self.error is None:
+                    self.error = e
+            if self.finish() == count:
+                self.done.release()
+
+
+_local = threading.local()
+
+
+def _serve(inbox: "queue.SimpleQueue[_Job | None]", slot: int) -> None:
+    _local.worker = True
+    while True:
+        job = inbox.get()
+        if job is None:
+            return
+        job.work(slot)
+
+
+class _Pool:
+    """Worker threads 1..n-1 (the caller is slot 0), each waiting on its own inbox."""
+
+    def __init__(self, workers: int) -> None:
+        self.inboxes: list[queue.SimpleQueue] = []
+        self.threads: list[threading.Thread] = []
+        for slot in range(1, workers + 1):
+            inbox: queue.SimpleQueue = queue.SimpleQueue()
+            t = threading.Thread(target=_serve, args=(inbox, slot), name=f"omrt-worker-{slot}", daemon=True)
+            t.start()
+            self.inboxes.append(inbox)
+            self.threads.append(t)
+
+    def close(self) -> None:
+        for inbox in self.inboxes:
+            inbox.put(None)
+        for t in self.threads:
+            t.join()
+
+
+_threads = 1
+_pool: _Pool | None = None
+
+
+def set_num_threads(n: int) -> None:
+    """Run omrt's kernels on `n` threads (the calling one and n - 1 workers of omrt's own).
+
+    n > 1 pins numpy's OpenBLAS to one thread, since omrt splits the work itself; n == 1 (the
+    default) runs everything on the calling thread and gives OpenBLAS back the thread count it had
+    before. The setting is process-wide; change it between runs, not during one.
+    """
+    global _threads, _pool
+    n = int(n)
+    if n < 1:
+        raise ValueError(f"set_num_threads({n}): the thread count must be at least 1")
+    if n == _threads:
+        return
+    if _pool is not None:
+        _pool.close()
+        _pool = None
+    _pin_blas(n > 1)
+    if n > 1:
+        _pool = _Pool(n - 1)
+    _threads = n
+
+
+def get_num_threads() -> int:
+    """The thread count omrt's kernels run on (set by `set_num_threads`)."""
+    return _threads
+
+
+def parallel_for(count: int, fn: Callable[[int, int], None], slots: int = 0) -> None:
+    """Call fn(item, slot) for every item in range(count), spread over omrt's threads.
+
+    `slot` (0 for the calling thread) tells which thread runs the item, so that a kernel can give
+    each thread its own scratch buffer; `slots` > 0 caps how many threads take part (the buffers
+    the kernel has). Items must write disjoint memory. Runs sequentially with one thread, on a
+    worker thread (no nesting) or for a single item; the first exception an item raises is raised
+    here once all items are done.
+    """
+    width = min(_threads, count, slots or _threads)
+    if width <= 1 or getattr(_local, "worker", False):
+        for i in range(count):
+            fn(i, 0)
+        return
+    job = _Job(fn, count)
+    for inbox in _pool.inboxes[:width - 1]:
+        inbox.put(job)
+    job.work(0)
+    job.done.acquire()
+    if job.error is not None:
+        raise job.error
+
+
+def run_all(tasks: Sequence[Callable[[], None]]) -> None:
+    """Run independent callables on omrt's threads (see parallel_for)."""
+    parallel_for(len(tasks), lambda i, slot: tasks[i]())
+
+
+def spans(total: int, parts: int) -> list[tuple[int, int]]:
+    """`total` split into `parts` (at most `total`) nearly equal consecutive [start, stop) ranges."""
+    parts = max(1, min(parts, total))
+    return [(total * p // parts, total * (p + 1) // parts) for p in range(parts)]
+
+
+def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
+    """np.matmul(a, b, out=out), split into independent products over omrt's threads when it pays.
+
+    The split is along the largest batch dim of `out` when it has enough entries, else along the
+    longer of its rows and columns (every thread re-reads the operand of the shorter side, so
+    that side is the one to share). Every piece writes a disjoint view of `out`.
+    """
+    if _threads == 1 or out.ndim == 0 or 2 * out.size * a.shape[-1] < MIN_FLOPS:
+        np.matmul(a, b, out=out)
+        return
+    pieces = matmul_pieces(a, b, out, _threads)
+    parallel_for(len(pieces), lambda i, slot: np.matmul(*pieces[i][:2], out=pieces[i][2]))
+
+
+def matmul_pieces(a: np.ndarray, b: np.ndarray, out: np.ndarray,
+                  parts: int) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """(a, b, out) views whose products, taken together, write every element of a @ b once."""
+    a2 = a[None, :] if a.ndim == 1 else a
+    b2 = b[:, None] if b.ndim == 1 else b
+    o2 = out.reshape(out.shape[:-1] + (1, out.shape[-1])) if a.ndim == 1 else out
+    o2 = o2[..., None] if b.ndim == 1 else o2
+    batch = o2.shape[:-2]
+    axis = int(np.argmax(batch)) if batch else -1
+    if batch and batch[axis] >= parts:
+        lead = (slice(None),) * axis
+
+        def cut(x: np.ndarray, lo: int, hi: int) -> np.ndarray:
+            k = axis - (o2.ndim - x.ndim)
+            return x if k < 0 or x.shape[k] == 1 else x[(slice(None),) * k + (slice(lo, hi),)]
+
+        return [(cut(a2, lo, hi), cut(b2, lo, hi), o2[lead + (slice(lo, hi),)])
+                for lo, hi in spans(batch[axis], parts)]
+    rows, cols = o2.shape[-2:]
+    if rows >= cols:
+        return [(a2[..., lo:hi, :], b2, o2[..., lo:hi, :]) for lo, hi in spans(rows, parts)]
+    return [(a2, b2[..., lo:hi], o2[..., lo:hi]) for lo, hi in spans(cols, parts)]
