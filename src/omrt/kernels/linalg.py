@@ -7,6 +7,7 @@ from typing import Sequence
 import numpy as np
 
 from ..errors import ShapeError
+from . import parallel
 from .base import (FUSED_ACTIVATIONS, Kernel, OpContext, Shape, TensorInfo, apply_activation,
                    broadcast_shapes, numel, register)
 
@@ -67,7 +68,8 @@ class _Product:
 
     When B is a matrix or a vector, A's batch dims are folded into its rows so one BLAS call
     does the whole product; float16 and bfloat16 operands are multiplied in float32 inside
-    the workspace.
+    the workspace. On several omrt threads a big product is split into blocks of the output,
+    one BLAS call each (parallel.matmul).
     """
 
     def __init__(self, a: Shape, b: Shape, out: Shape, dtype: np.dtype, fold: bool = True) -> None:
@@ -85,12 +87,12 @@ class _Product:
             a = a.reshape(self.shapes[0])
             out = out.reshape(self.shapes[2])
         if not self.wide:
-            np.matmul(a, b, out=out)
+            parallel.matmul(a, b, out)
             return
         a32, b32, o32 = _wide_views(workspace, self.shapes)
         np.copyto(a32, a)
         np.copyto(b32, b)
-        np.matmul(a32, b32, out=o32)
+        parallel.matmul(a32, b32, o32)
         np.copyto(out, o32, casting="same_kind")
 
 
