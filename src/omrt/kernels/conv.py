@@ -15,10 +15,15 @@ from typing import Sequence
 import numpy as np
 
 from ..errors import ShapeError
+from . import parallel
 from .base import Dim, Kernel, OpContext, TensorInfo, apply_activation, register
 
 WORKSPACE_CAP = 1 << 20
 """Upper bound (bytes) of an im2col/col2im column buffer; bigger layers are processed in row chunks."""
+
+SPLIT_PASS_BYTES = 1 << 21
+"""Outputs at least this big get their bias and activation pass on all of omrt's threads; on
+smaller ones the pass costs less than a handoff."""
 
 _ACTIVATIONS = frozenset({"Relu", "LeakyRelu", "Clip", "Sigmoid", "Tanh", "HardSigmoid"})
 
@@ -250,6 +255,42 @@ def _plan_chunks(win: Window, step: int, flat: bool = False) -> list[_Chunk]:
     return chunks
 
 
+def _cuts(groups: int, filters: int, positions: int, parts: int) -> list[tuple[slice, slice, slice]]:
+    """(groups, filters, positions) ranges of `parts` independent GEMMs covering a grouped product:
+    the groups when there are enough of them, else the longer of the filter and position sides
+    (each thread then re-reads only the shorter side's operand)."""
+    whole = slice(None)
+    if parts <= 1:
+        return [(whole, whole, whole)]
+    if groups >= parts:
+        return [(slice(*r), whole, whole) for r in parallel.spans(groups, parts)]
+    if filters >= positions:
+        return [(whole, slice(*r), whole) for r in parallel.spans(filters, parts)]
+    return [(whole, whole, slice(*r)) for r in parallel.spans(positions, parts)]
+
+
+def _contiguous(cuts: Sequence[tuple[slice, slice, slice]], groups: int) -> bool:
+    """Whether every cut of a (groups, filters, positions) output is one C-contiguous block."""
+    whole = slice(None)
+    return all(ps == whole and (ms == whole or groups == 1) for _, ms, ps in cuts)
+
+
+@dataclass(frozen=True)
+class _Split:
+    """How Conv's im2col runs on some number of threads.
+
+    With `buffer` > 0 each thread gathers whole chunks into a column buffer of its own (`buffer`
+    bytes apart in the workspace) and multiplies them: one parallel region for the layer. With
+    `buffer` == 0 the threads share one buffer: the caller gathers a chunk, then the threads
+    multiply the pieces `cuts` of it (for layers with more filters than chunk positions).
+    """
+
+    step: int
+    buffer: int
+    chunks: tuple[_Chunk, ...]
+    cuts: tuple[tuple[slice, slice, slice], ...]
+
+
 def _check_group(ctx: OpContext, channels: Dim, w_channels: Dim, filters: Dim, group: int,
                  what: str) -> None:
     if group < 1:
@@ -307,16 +348,59 @@ class Conv(Kernel):
         pointwise = (all(k == 1 for k in kernel) and all(s == 1 for s in self.win.strides)
                      and all(b == 0 for b in self.win.begin) and self.win.out == self.win.size)
         self.mode = "pointwise" if pointwise else "im2col"
-        itemsize = x.dtype.itemsize
-        inner = math.prod(self.win.out[1:])
-        taps = math.prod(kernel)
-        self.step = _row_chunks(self.win.out[0], channels * taps * inner * itemsize)
+        self.filters = filters // self.group
+        self.inner = math.prod(self.win.out[1:])
+        self.row_bytes = channels * math.prod(kernel) * self.inner * x.dtype.itemsize
+        self.flops = 2 * x.shape[0] * filters * (channels // self.group) * math.prod(kernel) \
+            * math.prod(self.win.out)
+        self.step = _row_chunks(self.win.out[0], self.row_bytes)
         self.flat = all(s == 1 for s in self.win.strides) and self.win.out == self.win.size
-        self.chunks = _plan_chunks(self.win, self.step, self.flat) if self.mode == "im2col" else []
-        self.nbytes = channels * taps * self.step * inner * itemsize if self.chunks else 0
+        self.splits: dict[int, _Split] = {}
+        self.cuts: dict[int, list[tuple[slice, slice, slice]]] = {}
+        self.nbytes = 0
+        if self.mode == "im2col":
+            self.nbytes = max(min(t, parallel.MAX_SLOTS) * self._layout(t)[1]
+                              for t in range(1, parallel.MAX_SLOTS + 1))
+            self._split(1)
 
     def workspace(self) -> int:
         return self.nbytes
+
+    def _threads(self) -> int:
+        """The threads this layer runs on: all of omrt's when it is big enough to pay for a split."""
+        return parallel.get_num_threads() if self.flops >= parallel.MIN_FLOPS else 1
+
+    def _layout(self, threads: int) -> tuple[int, int]:
+        """Output rows per chunk, and bytes per thread's column buffer (0: one shared buffer).
+
+        One thread: as many rows as the buffer cap allows. Several: a layer with more filters than
+        chunk positions shares one buffer and splits its filters; the others give each thread (up
+        to parallel.MAX_SLOTS of them) a buffer of its own and as many chunks each. A layer that needs many capped chunks
+        anyway splits the cap between its threads, so that its workspace does not grow: the
+        planner keeps the arena at its lower bound.
+        """
+        if threads > 1 and self.filters >= self.step * self.inner:
+            return self.step, 0
+        slots = min(threads, parallel.MAX_SLOTS)
+        rows = self.win.out[0]
+        count = -(-rows // self.step)
+        if slots == 1:
+            step = self.step
+        elif count >= 2 * slots:
+            step = max(1, self.step // slots)
+        else:
+            step = -(-rows // (-(-count // slots) * slots))
+        return step, -(-step * self.row_bytes // 64) * 64
+
+    def _split(self, threads: int) -> _Split:
+        """The plan for `threads` threads (made on first use)."""
+        split = self.splits.get(threads)
+        if split is None:
+            step, buffer = self._layout(threads)
+            cuts = () if buffer else tuple(_cuts(self.group, self.filters, step * self.inner, threads))
+            split = _Split(step, buffer, tuple(_plan_chunks(self.win, step, self.flat)), cuts)
+            self.splits[threads] = split
+        return split
 
     def run(self, inputs, outputs, workspace):
         x, w = inputs[0], inputs[1]
@@ -329,41 +413,105 @@ class Conv(Kernel):
         else:
             self._im2col(x, w, b, y, workspace)
 
-    def _finish(self, y: np.ndarray, b: np.ndarray | None, bias_shape: tuple) -> None:
+    def _finish(self, y: np.ndarray, b: np.ndarray | None) -> None:
+        """Bias and fused activation on a C-contiguous block of the output (numpy buffers ufuncs
+        over strided views, which would allocate)."""
         if b is not None:
-            np.add(y, b.reshape(bias_shape), out=y)
+            np.add(y, b, out=y)
         apply_activation(y, self.ctx)
+
+    def _finish_all(self, y: np.ndarray, b: np.ndarray | None, threads: int) -> None:
+        """_finish over the whole output (N, M, P), in contiguous blocks of filters per image."""
+        if b is None and self.ctx.attrs.get("_act") is None:
+            return
+        n, m = y.shape[:2]
+        y3 = y.reshape(n, m, -1)
+        b2 = None if b is None else b.reshape(m, 1)
+        parts = threads if y.nbytes >= SPLIT_PASS_BYTES else 1
+        cuts = [(i, slice(*r)) for i in range(n) for r in parallel.spans(m, -(-parts // n))]
+
+        def block(j: int, slot: int) -> None:
+            i, ms = cuts[j]
+            self._finish(y3[i, ms], None if b2 is None else b2[ms])
+
+        parallel.parallel_for(len(cuts), block)
 
     def _pointwise(self, x, w, b, y) -> None:
         n, g = x.shape[0], self.group
         p = math.prod(x.shape[2:])
-        w3 = w.reshape(g, w.shape[0] // g, -1)
-        y4 = y.reshape(n, g, w3.shape[1], p)
-        np.matmul(w3, x.reshape(n, g, w3.shape[2], p), out=y4)
-        self._finish(y4, b, (g, w3.shape[1], 1))
+        w3 = w.reshape(g, self.filters, -1)
+        x4 = x.reshape(n, g, w3.shape[2], p)
+        y4 = y.reshape(n, g, self.filters, p)
+        b3 = None if b is None else b.reshape(g, self.filters, 1)
+        threads = self._threads()
+        cuts = self.cuts.get(threads)
+        if cuts is None:
+            cuts = self.cuts[threads] = _cuts(g, self.filters, p, -(-threads // n))
+        whole = _contiguous(cuts, g)
+
+        def piece(j: int, slot: int) -> None:
+            i, k = divmod(j, len(cuts))
+            gs, ms, ps = cuts[k]
+            out = y4[i, gs, ms, ps]
+            np.matmul(w3[gs, ms], x4[i, gs, :, ps], out=out)
+            if whole:
+                self._finish(out, None if b3 is None else b3[gs, ms])
+
+        parallel.parallel_for(n * len(cuts), piece)
+        if not whole:
+            self._finish_all(y, b, threads)
 
     def _im2col(self, x, w, b, y, workspace) -> None:
-        g, win = self.group, self.win
+        g, win, inner = self.group, self.win, self.inner
         n, c = x.shape[:2]
-        inner = math.prod(win.out[1:])
-        shape = (c,) + win.kernel + (self.step,) + win.out[1:]
-        cols = workspace[:self.nbytes].view(x.dtype).reshape(shape)
-        w3 = w.reshape(g, w.shape[0] // g, -1)
-        gemm_in = cols.reshape(g, w3.shape[2], self.step * inner)
-        bias_shape = (g, w3.shape[1], 1)
-        gather = gemm_in.reshape(c, -1, self.step * inner) if self.flat else cols
-        for i in range(n):
+        threads = self._threads()
+        split = self._split(threads)
+        slots = min(threads, parallel.MAX_SLOTS) if split.buffer else 1
+        w3 = w.reshape(g, self.filters, -1)
+        b3 = None if b is None else b.reshape(g, self.filters, 1)
+        shape = (c,) + win.kernel + (split.step,) + win.out[1:]
+        nbytes = math.prod(shape) * x.dtype.itemsize
+        buffers = []
+        for slot in range(slots):
+            cols = workspace[slot * split.buffer:slot * split.buffer + nbytes].view(x.dtype).reshape(shape)
+            gemm_in = cols.reshape(g, w3.shape[2], split.step * inner)
+            buffers.append((cols, gemm_in.reshape(c, -1, split.step * inner) if self.flat else cols, gemm_in))
+        chunks = split.chunks
+        whole = len(chunks) == 1 and _contiguous(split.cuts, g)
+
+        def gather(i: int, chunk: _Chunk, slot: int) -> None:
+            cols, flat, _ = buffers[slot]
             xi = x[i].reshape(c, -1) if self.flat else x[i]
-            yi = y[i].reshape(g, w3.shape[1], -1)
-            for chunk in self.chunks:
-                for dst, src in chunk.moves:
-                    gather[dst] = xi[src]
-                for z in chunk.zeros:
-                    cols[z] = 0
-                width = (chunk.last - chunk.first) * inner
-                out = yi[:, :, chunk.first * inner:chunk.first * inner + width]
-                np.matmul(w3, gemm_in[:, :, :width], out=out)
-            self._finish(yi, b, bias_shape)
+            for dst, src in chunk.moves:
+                flat[dst] = xi[src]
+            for z in chunk.zeros:
+                cols[z] = 0
+
+        def multiply(i: int, chunk: _Chunk, slot: int, gs=slice(None), ms=slice(None), ps=slice(None)) -> None:
+            start, width = chunk.first * inner, (chunk.last - chunk.first) * inner
+            out = y[i].reshape(g, self.filters, -1)[:, :, start:start + width][gs, ms, ps]
+            np.matmul(w3[gs, ms], buffers[slot][2][gs, :, :width][:, :, ps], out=out)
+            if whole:
+                self._finish(out, None if b3 is None else b3[gs, ms])
+
+        if split.buffer:
+            def chunk_task(j: int, slot: int) -> None:
+                i, chunk = divmod(j, len(chunks))
+                gather(i, chunks[chunk], slot)
+                multiply(i, chunks[chunk], slot)
+
+            parallel.parallel_for(n * len(chunks), chunk_task, slots)
+        else:
+            for i in range(n):
+                for chunk in chunks:
+                    gather(i, chunk, 0)
+
+                    def piece(j: int, slot: int, i: int = i, chunk: _Chunk = chunk) -> None:
+                        multiply(i, chunk, 0, *split.cuts[j])
+
+                    parallel.parallel_for(len(split.cuts), piece)
+        if not whole:
+            self._finish_all(y, b, threads)
 
 
 def transposed_window(ctx: OpContext, size: Sequence[Dim], kernel: Sequence[int]
