@@ -29,8 +29,15 @@ def compiled(tmp_path_factory):
     return get
 
 
+@pytest.fixture(params=[1, 2], ids=["1thread", "2threads"])
+def threads(request):
+    omrt.set_num_threads(request.param)
+    yield request.param
+    omrt.set_num_threads(1)
+
+
 @pytest.mark.parametrize("name, rtol, atol", LIGHT)
-def test_light_model_matches_expected_output(compiled, name, rtol, atol):
+def test_light_model_matches_expected_output(compiled, name, rtol, atol, threads):
     model = omrt.load(compiled(name))
     verify(model.default.program, model.default.graph)
     (spec_in,), (spec_out,) = model.inputs, model.outputs

@@ -25,6 +25,12 @@ def _shape_arg(text: str) -> tuple[str, tuple[int, ...]]:
                                          f"input=1x3x224x224") from None
 
 
+def _threads_arg(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"--threads {text!r}: expected a whole number >= 1")
+    return int(text)
+
+
 def _input_arg(text: str) -> tuple[str, str]:
     name, sep, path = text.partition("=")
     if not sep or not name or not path:
@@ -55,6 +61,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     import omrt
     from .demo import backend_input
 
+    omrt.set_num_threads(args.threads)
     model = omrt.load(args.model)
     sess = model.session()
     given = dict(args.input or [])
@@ -118,7 +125,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from .demo import main as demo
 
-    return demo(args.model, args.repeat)
+    return demo(args.model, args.repeat, args.threads)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -138,6 +145,8 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--repeat", type=int, default=0, help="timed runs after the first")
     r.add_argument("--output-dir", help="save outputs as .npy files here")
     r.add_argument("--profile", action="store_true", help="print time per op type")
+    r.add_argument("--threads", type=_threads_arg, default=1, metavar="N",
+                   help="run omrt's kernels on N threads of its own (default 1; see omrt.set_num_threads)")
     r.set_defaults(fn=cmd_run)
     i = sub.add_parser("inspect", help="show a .om file's partitions, I/O, kernels and memory plan")
     i.add_argument("model")
@@ -150,6 +159,8 @@ def parser() -> argparse.ArgumentParser:
                    choices=["bvlc_alexnet", "densenet121", "inception_v1", "inception_v2", "resnet50",
                             "shufflenet", "squeezenet", "vgg19", "zfnet512"])
     d.add_argument("--repeat", type=int, default=50)
+    d.add_argument("--threads", type=_threads_arg, default=1, metavar="N",
+                   help="run omrt's kernels on N threads of its own (default 1)")
     d.set_defaults(fn=cmd_demo)
     return ap
 

@@ -276,3 +276,18 @@ def test_steady_state_run_on_two_threads_allocates_no_tensor_memory(tmp_path, sp
     finally:
         tracemalloc.stop()
     assert peak < 64 * 1024, f"a steady-state run allocated {peak} bytes"
+
+
+def test_cli_run_and_demo_take_a_thread_count(tmp_path):
+    import subprocess
+    import sys
+
+    path = str(tmp_path / "convs.om")
+    omrt.compile(conv_model(), path)
+    res = subprocess.run([sys.executable, "-m", "omrt.cli", "run", path, "--repeat", "2", "--threads", "2"],
+                         capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    assert "latency over 2 runs" in res.stdout
+    res = subprocess.run([sys.executable, "-m", "omrt.cli", "run", path, "--threads", "0"],
+                         capture_output=True, text=True)
+    assert res.returncode != 0 and "expected a whole number >= 1" in res.stderr
