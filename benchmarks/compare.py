@@ -15,7 +15,9 @@ Each model is measured in a subprocess of its own (so one model's memory never w
 next). In it the model is compiled once, then for each thread count:
 
 - omrt: one session, `zero_copy="auto"`, the input and output buffers bound once, `run()`;
-  BLAS threads set with threadpoolctl `threadpool_limits(n, "blas")`;
+  threads set with `omrt.set_num_threads(n)` (omrt's own workers, numpy's OpenBLAS pinned to one
+  thread when n > 1); the worker process starts with OPENBLAS_NUM_THREADS=1, so that at n = 1
+  omrt, like ORT, runs on one core;
 - ORT `run()`: `InferenceSession` with `intra_op_num_threads=n`, `inter_op_num_threads=1`, the CPU
   provider, the default optimisation level; `sess.run(None, feeds)` (ORT allocates the outputs);
 - ORT IOBinding: the same session, the input bound with `bind_cpu_input`, the output bound to a
@@ -31,6 +33,7 @@ for slow models (the count actually made is reported). Outputs are checked again
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -233,11 +236,23 @@ def _stats(times: list[float]) -> dict:
             "min_ms": float(a.min() * 1e3), "runs": len(times)}
 
 
+@contextlib.contextmanager
+def omrt_threads(n: int):
+    """omrt on n threads for the block, back to one after."""
+    import omrt
+
+    omrt.set_num_threads(n)
+    try:
+        yield
+    finally:
+        omrt.set_num_threads(1)
+
+
 def measure(name: str, threads: list[int], runs: int, warmup: int, block: int, budget: float) -> dict:
     """Compile `name`, then time omrt and ORT at each thread count; returns a JSON-able dict."""
     import numpy as np
     import onnxruntime as ort
-    from threadpoolctl import threadpool_info, threadpool_limits
+    from omrt.kernels.parallel import blas_threads as blas_thread_count
 
     import omrt
 
@@ -290,8 +305,8 @@ def measure(name: str, threads: list[int], runs: int, warmup: int, block: int, b
                 osess.run_with_iobinding(io)
 
             fns = {"omrt": run_omrt, "ort_run": run_ort, "ort_iobinding": run_iob}
-            with threadpool_limits(limits=n, user_api="blas"):
-                blas_threads = sorted({i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"})
+            with omrt_threads(n):
+                blas_threads = [blas_thread_count()]
                 # correctness, once: omrt's bound output against ORT's
                 sess.run()
                 ref = dict(zip(onames, osess.run(onames, feeds)))
@@ -339,7 +354,7 @@ def spawn(name: str, args: argparse.Namespace) -> dict:
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", name, "--runs", str(args.runs),
            "--warmup", str(args.warmup), "--block", str(args.block), "--budget", str(args.budget),
            "--threads", ",".join(map(str, args.threads))]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OPENBLAS_NUM_THREADS": "1"})
     if proc.returncode != 0:
         tail = proc.stderr.strip().splitlines()[-1:] or ["(no message)"]
         return {"model": name, "error": f"worker exit {proc.returncode}: {tail[0]}", "stderr": proc.stderr[-4000:]}
