@@ -9,16 +9,20 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
 from ..errors import ShapeError
 from .base import Kernel, OpContext, TensorInfo, register
-from . import conv
+from . import conv, parallel
 from .conv import Tap, Window, int_list, sliding_window, window_of
 
 _ALL = (Ellipsis,)
+
+SPLIT_BYTES = 1 << 24
+"""Pools that read at least this many bytes (input size times the taps per dim) spread their
+plane blocks over omrt's threads; smaller ones cost less than a handoff."""
 
 
 def _kernel_shape(ctx: OpContext, x: TensorInfo) -> list[int]:
@@ -94,31 +98,52 @@ class _WindowPool(Kernel):
                                           w.dilations[d:d + 1], w.begin[d:d + 1], w.end[d:d + 1],
                                           w.out[d:d + 1]), math.prod(w.size[d + 1:]))
                        for d in range(nd)]
-        planes = math.prod(x.shape[:2])
-        per_plane = sum(math.prod(w.out[:d + 1] + w.size[d + 1:]) for d in range(nd - 1)) * x.dtype.itemsize
-        self.block = max(1, min(planes, conv.WORKSPACE_CAP // max(per_plane, 1)))
-        self.stage_shapes = [(self.block,) + w.out[:d + 1] + w.size[d + 1:] for d in range(nd - 1)]
-        self.stage_bytes = sum(_align(math.prod(sh) * x.dtype.itemsize) for sh in self.stage_shapes)
+        self.planes = math.prod(x.shape[:2])
+        self.plane_shapes = [w.out[:d + 1] + w.size[d + 1:] for d in range(nd - 1)]
+        per_plane = sum(math.prod(sh) for sh in self.plane_shapes) * x.dtype.itemsize
+        self.block = max(1, min(self.planes, conv.WORKSPACE_CAP // max(per_plane, 1)))
+        self.traffic = x.nbytes * sum(w.kernel)
+        self.stage_bytes = max(t * self._slot_bytes(self._block(t))
+                               for t in range(1, parallel.MAX_SLOTS + 1))
 
     def workspace(self) -> int:
         return self.stage_bytes
 
-    def _reduce(self, ufunc: np.ufunc, x: np.ndarray, y: np.ndarray,
-                workspace: np.ndarray | None) -> None:
-        """y = ufunc-reduction of x over each window (padding is skipped), one spatial dim at a time.
+    def _block(self, threads: int) -> int:
+        """Planes per block on `threads` threads, each with intermediates of its own: the blocks of
+        one thread split between them (or all planes, when they fit one), so the workspace holds."""
+        if threads == 1:
+            return self.block
+        if self.planes > self.block:
+            return max(1, self.block // threads)
+        return -(-self.planes // threads)
 
-        Planes (N * C of them) go in blocks so that the intermediates stay within WORKSPACE_CAP.
+    def _slot_bytes(self, block: int) -> int:
+        return sum(_align(block * math.prod(sh) * self.inputs[0].dtype.itemsize) for sh in self.plane_shapes)
+
+    def _reduce(self, ufunc: np.ufunc, x: np.ndarray, y: np.ndarray, workspace: np.ndarray | None,
+                finish: Callable[[np.ndarray], None] | None = None) -> None:
+        """y = ufunc-reduction of x over each window (padding is skipped), one spatial dim at a time,
+        then finish(block of y) if given.
+
+        Planes (N * C of them) go in blocks so that the intermediates stay within WORKSPACE_CAP;
+        big pools spread their blocks over omrt's threads.
         """
         xs, ys = x.reshape((-1,) + x.shape[2:]), y.reshape((-1,) + y.shape[2:])
-        for b0 in range(0, xs.shape[0], self.block):
-            src, offset = xs[b0:b0 + self.block], 0
+        threads = min(parallel.get_num_threads(), parallel.MAX_SLOTS) if self.traffic >= SPLIT_BYTES else 1
+        block = self._block(threads)
+        slot_bytes = self._slot_bytes(block)
+
+        def reduce_block(j: int, slot: int) -> None:
+            b0 = j * block
+            src, offset = xs[b0:b0 + block], slot * slot_bytes
             count = src.shape[0]
             for d, stage in enumerate(self.stages):
-                if d < len(self.stage_shapes):
-                    shape = (count,) + self.stage_shapes[d][1:]
+                if d < len(self.plane_shapes):
+                    shape = (count,) + self.plane_shapes[d]
                     nbytes = math.prod(shape) * x.dtype.itemsize
                     dst = workspace[offset:offset + nbytes].view(x.dtype).reshape(shape)
-                    offset += _align(math.prod(self.stage_shapes[d]) * x.dtype.itemsize)
+                    offset += _align(block * math.prod(self.plane_shapes[d]) * x.dtype.itemsize)
                 else:
                     dst = ys[b0:b0 + count]
                 lead = (slice(None),) * (1 + d)
@@ -127,6 +152,10 @@ class _WindowPool(Kernel):
                 else:
                     self._tap_stage(ufunc, stage, src, dst, lead)
                 src = dst
+            if finish is not None:
+                finish(src)
+
+        parallel.parallel_for(-(-xs.shape[0] // block), reduce_block, threads)
 
     def _tap_stage(self, ufunc: np.ufunc, stage: _Stage, src: np.ndarray, dst: np.ndarray,
                    lead: tuple) -> None:
@@ -232,9 +261,8 @@ class AveragePool(_WindowPool):
         self.divisor = np.asarray(counts.flat[0] if uniform else counts, inputs[0].dtype)
 
     def run(self, inputs, outputs, workspace):
-        y = outputs[0]
-        self._reduce(np.add, inputs[0], y, workspace)
-        np.divide(y, self.divisor, out=y)
+        self._reduce(np.add, inputs[0], outputs[0], workspace,
+                     lambda block: np.divide(block, self.divisor, out=block))
 
 
 def _p(ctx: OpContext) -> float:
