@@ -227,6 +227,23 @@ def test_gemm_same_on_one_and_two_threads(m, k, n, trans_a, trans_b, alpha, beta
         parallel.MIN_FLOPS = saved
 
 
+@pytest.mark.parametrize("op, shape, attrs", [
+    ("MaxPool", (2, 6, 17, 17), {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}),
+    ("AveragePool", (1, 9, 12, 12), {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}),
+    ("AveragePool", (1, 5, 9, 9), {"kernel_shape": [2, 2], "strides": [2, 2], "ceil_mode": 1}),
+    ("LpPool", (1, 7, 8, 8), {"kernel_shape": [2, 2], "p": 3}),
+])
+@pytest.mark.parametrize("cap", [256, 1 << 20])
+def test_pools_same_on_one_and_two_threads(monkeypatch, op, shape, attrs, cap):
+    from omrt.kernels import pool
+
+    monkeypatch.setattr(pool, "SPLIT_BYTES", 0)
+    monkeypatch.setattr(conv, "WORKSPACE_CAP", cap)
+    x = RNG.standard_normal(shape).astype(np.float32)
+    got = same_on_two_threads(op, [x], attrs, rtol=0, atol=0)
+    np.testing.assert_allclose(got, reference(op, [x], attrs)[0], rtol=1e-5, atol=1e-5)
+
+
 def test_matmul_pieces_write_disjoint_views_of_the_output():
     a = np.ones((3, 5, 4), np.float32)
     b = np.ones((4, 7), np.float32)
