@@ -373,17 +373,18 @@ class Conv(Kernel):
     def _layout(self, threads: int) -> tuple[int, int]:
         """Output rows per chunk, and bytes per thread's column buffer (0: one shared buffer).
 
-        One thread: as many rows as the buffer cap allows. Several: a layer with more filters than
-        chunk positions shares one buffer and splits its filters; the others give each thread (up
-        to parallel.MAX_SLOTS of them) a buffer of its own and as many chunks each. A layer that needs many capped chunks
-        anyway splits the cap between its threads, so that its workspace does not grow: the
-        planner keeps the arena at its lower bound.
+        One thread: as many rows as the buffer cap allows. Several: a layer gathered in one chunk
+        with more filters than positions shares its buffer and splits its filters (one parallel
+        region after the gather); the others give each thread (up to parallel.MAX_SLOTS of them)
+        a buffer of its own and as many chunks each, all in one region. A layer that needs many
+        capped chunks anyway splits the cap between its threads, so that its workspace does not
+        grow and the planner keeps the arena at its lower bound.
         """
-        if threads > 1 and self.filters >= self.step * self.inner:
-            return self.step, 0
-        slots = min(threads, parallel.MAX_SLOTS)
         rows = self.win.out[0]
         count = -(-rows // self.step)
+        if threads > 1 and count == 1 and self.filters >= rows * self.inner:
+            return self.step, 0
+        slots = min(threads, parallel.MAX_SLOTS)
         if slots == 1:
             step = self.step
         elif count >= 2 * slots:
