@@ -154,9 +154,9 @@ def test_conv_threads_get_their_own_buffers_or_split_the_filters(split_everythin
     assert deep.workspace() == deep._layout(1)[1]
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(n=st.integers(1, 2), group=st.sampled_from([1, 2, 3]), cpg=st.integers(1, 4), mpg=st.integers(1, 24),
-       size=st.integers(3, 14), k=st.integers(1, 3), stride=st.integers(1, 2), pad=st.integers(0, 1),
+       size=st.integers(3, 14), k=st.integers(1, 5), stride=st.integers(1, 3), pad=st.integers(0, 2),
        dilation=st.integers(1, 2), bias=st.booleans(), relu=st.booleans(), cap=st.sampled_from([512, 4096, 1 << 20]))
 def test_conv_same_on_one_and_two_threads(n, group, cpg, mpg, size, k, stride, pad, dilation, bias, relu, cap):
     assume((k - 1) * dilation + 1 <= size + 2 * pad)
@@ -174,6 +174,21 @@ def test_conv_same_on_one_and_two_threads(n, group, cpg, mpg, size, k, stride, p
             np.testing.assert_allclose(got, reference("Conv", inputs, attrs)[0], rtol=1e-4, atol=1e-4)
     finally:
         parallel.MIN_FLOPS, conv.WORKSPACE_CAP = saved
+
+
+@pytest.mark.parametrize("x_shape, w_shape, attrs", [
+    ((2, 3, 40), (8, 3, 17), {"strides": [3], "pads": [4, 2]}),
+    ((1, 2, 9, 10, 11), (4, 2, 3, 3, 2), {"strides": [2, 1, 2], "pads": [1, 0, 1, 1, 1, 0], "dilations": [1, 2, 1]}),
+    ((1, 3, 31, 29), (16, 3, 7, 7), {"strides": [2, 2], "pads": [3, 3, 3, 3]}),
+    ((1, 3, 30, 30), (8, 3, 11, 11), {"strides": [4, 4]}),
+])
+def test_conv_strided_gather_matches_the_reference(split_everything, x_shape, w_shape, attrs):
+    conv_layer = conv_kernel(x_shape, w_shape, attrs)
+    assert conv_layer.padded is not None
+    x = RNG.standard_normal(x_shape).astype(np.float32)
+    w = RNG.standard_normal(w_shape).astype(np.float32)
+    got = same_on_two_threads("Conv", [x, w], attrs)
+    np.testing.assert_allclose(got, reference("Conv", [x, w], attrs)[0], rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("x_shape, w_shape, group", [

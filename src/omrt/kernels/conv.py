@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
+from numpy.lib.stride_tricks import as_strided
 
 from ..errors import ShapeError
 from . import parallel
@@ -20,6 +21,11 @@ from .base import Dim, Kernel, OpContext, TensorInfo, apply_activation, register
 
 WORKSPACE_CAP = 1 << 20
 """Upper bound (bytes) of an im2col/col2im column buffer; bigger layers are processed in row chunks."""
+
+STRIDED_TAPS = 16
+"""Strided layers with at least this many taps gather each chunk with one copy from a strided view
+of the zero-padded image (in the workspace) instead of one copy per tap: 2x faster on the 7x7 and
+11x11 first layers of CNNs."""
 
 SPLIT_PASS_BYTES = 1 << 21
 """Outputs at least this big get their bias and activation pass on all of omrt's threads; on
@@ -355,13 +361,46 @@ class Conv(Kernel):
             * math.prod(self.win.out)
         self.step = _row_chunks(self.win.out[0], self.row_bytes)
         self.flat = all(s == 1 for s in self.win.strides) and self.win.out == self.win.size
+        self.padded = self._padded_extent(channels, x.dtype.itemsize) if self.mode == "im2col" else None
+        self.pad_bytes = 0 if self.padded is None else \
+            -(-channels * math.prod(self.padded) * x.dtype.itemsize // 64) * 64
         self.splits: dict[int, _Split] = {}
         self.cuts: dict[int, list[tuple[slice, slice, slice]]] = {}
         self.nbytes = 0
         if self.mode == "im2col":
-            self.nbytes = max(min(t, parallel.MAX_SLOTS) * self._layout(t)[1]
-                              for t in range(1, parallel.MAX_SLOTS + 1))
+            self.nbytes = self.pad_bytes + max(min(t, parallel.MAX_SLOTS) * self._layout(t)[1]
+                                               for t in range(1, parallel.MAX_SLOTS + 1))
             self._split(1)
+
+    def _padded_extent(self, channels: int, itemsize: int) -> tuple[int, ...] | None:
+        """Spatial extent of the zero-padded image a strided gather reads (None: gather by taps)."""
+        win = self.win
+        if self.flat or math.prod(win.kernel) < STRIDED_TAPS:
+            return None
+        extent = tuple((o - 1) * s + (k - 1) * d + 1
+                       for o, s, k, d in zip(win.out, win.strides, win.kernel, win.dilations))
+        return extent if channels * math.prod(extent) * itemsize <= WORKSPACE_CAP else None
+
+    def _pad(self, x: np.ndarray, image: np.ndarray) -> None:
+        """image = x zero-padded by the window's begin pads (and cut or padded to its extent)."""
+        inside = []
+        for b, n, e in zip(self.win.begin, x.shape[1:], self.padded):
+            inside.append((slice(b, min(b + n, e)), slice(0, min(n, e - b))))
+        for d, (dst, _) in enumerate(inside):
+            lead = (slice(None),) * (1 + d)
+            image[lead + (slice(0, dst.start),)] = 0
+            image[lead + (slice(dst.stop, None),)] = 0
+        image[(slice(None),) + tuple(dst for dst, _ in inside)] = x[(slice(None),) + tuple(src for _, src in inside)]
+
+    def _strided_gather(self, image: np.ndarray, cols: np.ndarray, chunk: _Chunk) -> None:
+        """Copy a chunk's columns out of the padded image through one strided view of it."""
+        win, rows = self.win, chunk.last - chunk.first
+        c, *steps = image.strides
+        view = as_strided(image[:, chunk.first * win.strides[0]:],
+                          (image.shape[0],) + win.kernel + (rows,) + win.out[1:],
+                          (c, *(t * d for t, d in zip(steps, win.dilations)),
+                           *(t * s for t, s in zip(steps, win.strides))), writeable=False)
+        np.copyto(cols[(slice(None),) * (1 + len(win.kernel)) + (slice(0, rows),)], view)
 
     def workspace(self) -> int:
         return self.nbytes
@@ -399,7 +438,9 @@ class Conv(Kernel):
         if split is None:
             step, buffer = self._layout(threads)
             cuts = () if buffer else tuple(_cuts(self.group, self.filters, step * self.inner, threads))
-            split = _Split(step, buffer, tuple(_plan_chunks(self.win, step, self.flat)), cuts)
+            chunks = (tuple(_Chunk(r0, r1, (), ()) for r0, r1 in _chunks(self.win.out[0], step))
+                      if self.padded else tuple(_plan_chunks(self.win, step, self.flat)))
+            split = _Split(step, buffer, chunks, cuts)
             self.splits[threads] = split
         return split
 
@@ -473,8 +514,13 @@ class Conv(Kernel):
         shape = (c,) + win.kernel + (split.step,) + win.out[1:]
         nbytes = math.prod(shape) * x.dtype.itemsize
         buffers = []
+        image = None
+        if self.padded is not None:
+            image = workspace[:c * math.prod(self.padded) * x.dtype.itemsize].view(x.dtype)
+            image = image.reshape((c,) + self.padded)
         for slot in range(slots):
-            cols = workspace[slot * split.buffer:slot * split.buffer + nbytes].view(x.dtype).reshape(shape)
+            start = self.pad_bytes + slot * split.buffer
+            cols = workspace[start:start + nbytes].view(x.dtype).reshape(shape)
             gemm_in = cols.reshape(g, w3.shape[2], split.step * inner)
             buffers.append((cols, gemm_in.reshape(c, -1, split.step * inner) if self.flat else cols, gemm_in))
         chunks = split.chunks
@@ -482,6 +528,9 @@ class Conv(Kernel):
 
         def gather(i: int, chunk: _Chunk, slot: int) -> None:
             cols, flat, _ = buffers[slot]
+            if image is not None:
+                self._strided_gather(image, cols, chunk)
+                return
             xi = x[i].reshape(c, -1) if self.flat else x[i]
             for dst, src in chunk.moves:
                 flat[dst] = xi[src]
@@ -501,9 +550,20 @@ class Conv(Kernel):
                 gather(i, chunks[chunk], slot)
                 multiply(i, chunks[chunk], slot)
 
-            parallel.parallel_for(n * len(chunks), chunk_task, slots)
+            if image is None:
+                parallel.parallel_for(n * len(chunks), chunk_task, slots)
+            else:
+                for i in range(n):
+                    self._pad(x[i], image)
+
+                    def image_task(j: int, slot: int, i: int = i) -> None:
+                        chunk_task(i * len(chunks) + j, slot)
+
+                    parallel.parallel_for(len(chunks), image_task, slots)
         else:
             for i in range(n):
+                if image is not None:
+                    self._pad(x[i], image)
                 for chunk in chunks:
                     gather(i, chunk, 0)
 
