@@ -323,3 +323,20 @@ def test_cli_run_and_demo_take_a_thread_count(tmp_path):
     res = subprocess.run([sys.executable, "-m", "omrt.cli", "run", path, "--threads", "0"],
                          capture_output=True, text=True)
     assert res.returncode != 0 and "expected a whole number >= 1" in res.stderr
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs fork")
+def test_a_forked_child_gets_workers_of_its_own():
+    import os
+
+    omrt.set_num_threads(2)
+    try:
+        pid = os.fork()
+        if pid == 0:
+            seen = set()
+            parallel.parallel_for(64, lambda i, slot: seen.add(i))
+            os._exit(0 if seen == set(range(64)) and parallel._pool.threads[0].is_alive() else 1)
+        _, status = os.waitpid(pid, 0)
+        assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+    finally:
+        omrt.set_num_threads(1)

@@ -177,6 +177,17 @@ _threads = 1
 _pool: _Pool | None = None
 
 
+def _restart_in_child() -> None:
+    """A forked child has none of its parent's threads: give it workers of its own."""
+    global _pool
+    if _pool is not None:
+        _pool = _Pool(_threads - 1)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_restart_in_child)
+
+
 def set_num_threads(n: int) -> None:
     """Run omrt's kernels on `n` threads (the calling one and n - 1 workers of omrt's own).
 
