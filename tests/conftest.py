@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import tracemalloc
+
 import numpy as np
 import onnx
 import pytest
@@ -43,3 +45,16 @@ def dynamic_om(tmp_path) -> str:
     path = str(tmp_path / "mlp_dyn.om")
     omrt.compile(mlp_model("N"), path)
     return path
+
+
+def steady_state_peak(sess: omrt.Session, runs: int = 3) -> int:
+    """Peak bytes numpy and Python allocate over `runs` runs of an already-run session."""
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        tracemalloc.reset_peak()
+        for _ in range(runs):
+            sess.run()
+        return tracemalloc.get_traced_memory()[1] - base
+    finally:
+        tracemalloc.stop()

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import tracemalloc
-
 import numpy as np
 import pytest
 from onnx import TensorProto, helper
 
 import omrt
-from conftest import RNG, mlp_model, mlp_reference
+from conftest import RNG, mlp_model, mlp_reference, steady_state_peak
 
 
 def test_run_with_feeds_matches_reference(mlp_om):
@@ -154,15 +152,7 @@ def test_steady_state_run_allocates_no_tensor_memory(tmp_path):
     sess.bind("x", x)
     sess.bind("y", y)
     sess.run()
-    tracemalloc.start()
-    try:
-        base = tracemalloc.get_traced_memory()[0]
-        tracemalloc.reset_peak()
-        for _ in range(3):
-            sess.run()
-        peak = tracemalloc.get_traced_memory()[1] - base
-    finally:
-        tracemalloc.stop()
+    peak = steady_state_peak(sess)
     assert peak < 64 * 1024, f"a steady-state run allocated {peak} bytes"
     np.testing.assert_allclose(y, mlp_reference(x), rtol=1e-4, atol=1e-3)
 

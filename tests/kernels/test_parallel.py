@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import tracemalloc
 
 import numpy as np
 import onnx
@@ -15,6 +14,7 @@ from onnx import TensorProto, helper, numpy_helper
 import omrt
 from omrt.kernels import OpContext, TensorInfo, conv, lookup, parallel
 
+from conftest import steady_state_peak
 from kernel_check import reference, run_kernel
 
 
@@ -298,15 +298,7 @@ def test_steady_state_run_on_two_threads_allocates_no_tensor_memory(tmp_path, sp
     omrt.set_num_threads(2)
     sess.run()
     np.testing.assert_allclose(y, expected, rtol=1e-5, atol=1e-5)
-    tracemalloc.start()
-    try:
-        base = tracemalloc.get_traced_memory()[0]
-        tracemalloc.reset_peak()
-        for _ in range(3):
-            sess.run()
-        peak = tracemalloc.get_traced_memory()[1] - base
-    finally:
-        tracemalloc.stop()
+    peak = steady_state_peak(sess)
     assert peak < 64 * 1024, f"a steady-state run allocated {peak} bytes"
 
 
