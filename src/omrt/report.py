@@ -38,7 +38,7 @@ def describe(model: Model, plan: bool = False) -> str:
     lines.append(f"kernels: {len(model.graph.nodes)} nodes, " +
                  ", ".join(f"{op} x{c}" for op, c in ops.most_common()))
     lines.append(f"weights: {len(model.graph.constants)} tensors")
-    lines.append(f"environment: " + ", ".join(f"{k} {v}" for k, v in model.env.items()))
+    lines.append("environment: " + ", ".join(f"{k} {v}" for k, v in model.env.items()))
     prep = model.default
     if prep is None:
         lines.append("plan: none stored (input shapes are symbolic; planned per input signature at run time)")

@@ -6,7 +6,7 @@ import json
 import os
 import threading
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 import numpy as np
 
@@ -18,6 +18,9 @@ from ..kernels import lookup
 from ..kernels.base import Kernel
 from ..lower import DYNAMIC, Program, lower
 from ..modeldef import decode, decode_program
+
+if TYPE_CHECKING:
+    from .session import Session
 
 
 @dataclass(frozen=True)
