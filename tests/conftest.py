@@ -10,6 +10,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import omrt
+from tests.kernel_check import RNG as KERNEL_TEST_RNG
 
 RNG = np.random.default_rng(0)
 W1 = RNG.standard_normal((64, 128)).astype(np.float32)
@@ -58,3 +59,9 @@ def steady_state_peak(sess: omrt.Session, runs: int = 3) -> int:
         return tracemalloc.get_traced_memory()[1] - base
     finally:
         tracemalloc.stop()
+
+
+@pytest.fixture(autouse=True)
+def rewind_kernel_test_rng() -> None:
+    """Every test draws the same kernel-test data whatever ran before it."""
+    KERNEL_TEST_RNG.bit_generator.state = np.random.default_rng(0).bit_generator.state

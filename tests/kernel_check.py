@@ -11,6 +11,15 @@ from onnx.reference import ReferenceEvaluator
 
 from omrt.kernels import OpContext, TensorInfo, lookup
 
+RNG = np.random.default_rng(0)
+"""Shared test data source; tests/conftest.py rewinds it before every test, so a test
+draws the same data whatever ran before it (hypothesis runs vary in number)."""
+
+
+def randn(*shape: int, dtype: type = np.float32) -> np.ndarray:
+    """Standard-normal test data of `shape` in `dtype`, from RNG."""
+    return RNG.standard_normal(shape).astype(dtype)
+
 
 def _infos(inputs: Sequence[np.ndarray | None], const: Sequence[int] | None) -> list[TensorInfo | None]:
     infos: list[TensorInfo | None] = []

@@ -10,20 +10,8 @@ from hypothesis import strategies as st
 
 from omrt.errors import KernelError, ShapeError
 from omrt.kernels import OpContext, TensorInfo, lookup
-from tests.kernel_check import check, reference, run_kernel
-
-rng = np.random.default_rng(0)
-
-
-@pytest.fixture(autouse=True)
-def fresh_rng() -> None:
-    global rng
-    rng = np.random.default_rng(0)
-
-
-def randn(*shape: int, dtype: type = np.float32) -> np.ndarray:
-    return rng.standard_normal(shape).astype(dtype)
-
+from tests.kernel_check import RNG as rng
+from tests.kernel_check import check, randn, reference, run_kernel
 
 # ----------------------------------------------------------------------------- Attention
 

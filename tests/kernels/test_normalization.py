@@ -9,20 +9,7 @@ from hypothesis import strategies as st
 
 from omrt.errors import ShapeError
 from omrt.kernels import lookup
-from tests.kernel_check import check, run_kernel
-
-rng = np.random.default_rng(0)
-
-
-@pytest.fixture(autouse=True)
-def fresh_rng() -> None:
-    """Each test draws the same data whatever ran before it (hypothesis draws vary in number)."""
-    global rng
-    rng = np.random.default_rng(0)
-
-
-def randn(*shape: int, dtype: type = np.float32) -> np.ndarray:
-    return rng.standard_normal(shape).astype(dtype)
+from tests.kernel_check import check, randn, run_kernel
 
 
 def bn_params(c: int, dtype: type = np.float32) -> list[np.ndarray]:

@@ -12,21 +12,10 @@ from onnx import helper
 
 from omrt.errors import ShapeError
 from omrt.kernels import OpContext, TensorInfo, lookup
-from tests.kernel_check import check, run_kernel
+from tests.kernel_check import RNG as rng
+from tests.kernel_check import check, randn, run_kernel
 
-rng = np.random.default_rng(0)
-
-
-@pytest.fixture(autouse=True)
-def fresh_rng() -> None:
-    """Each test draws the same data whatever ran before it (hypothesis draws vary in number)."""
-    global rng
-    rng = np.random.default_rng(0)
 EMPTY = np.array([], np.float32)
-
-
-def randn(*shape: int, dtype: type = np.float32) -> np.ndarray:
-    return rng.standard_normal(shape).astype(dtype)
 
 
 def f32(*values: float) -> np.ndarray:

@@ -6,14 +6,9 @@ import numpy as np
 import pytest
 
 from omrt.errors import ShapeError
-from tests.kernel_check import reference, run_kernel
+from tests.kernel_check import randn, reference, run_kernel
 
 DOMAIN = "ai.onnx.preview.training"
-rng = np.random.default_rng(0)
-
-
-def randn(*shape: int, dtype: type = np.float32) -> np.ndarray:
-    return rng.standard_normal(shape).astype(dtype)
 
 
 def check(op: str, inputs: list[np.ndarray], attrs: dict, n_outputs: int) -> None:
