@@ -297,6 +297,12 @@ class _Split:
     cuts: tuple[tuple[slice, slice, slice], ...]
 
 
+def _check_ranks(ctx: OpContext, x: TensorInfo, w: TensorInfo) -> None:
+    if x.rank < 3 or w.rank != x.rank:
+        raise ShapeError(f"{ctx.name}: {ctx.op_type} needs X of rank >= 3 and W of the same rank, got "
+                         f"X{list(x.shape)} W{list(w.shape)}")
+
+
 def _check_group(ctx: OpContext, channels: Dim, w_channels: Dim, filters: Dim, group: int,
                  what: str) -> None:
     if group < 1:
@@ -331,9 +337,7 @@ class Conv(Kernel):
     @classmethod
     def infer(cls, ctx: OpContext, inputs: Sequence[TensorInfo | None]) -> list[TensorInfo]:
         x, w = inputs[0], inputs[1]
-        if x.rank < 3 or w.rank != x.rank:
-            raise ShapeError(f"{ctx.name}: Conv needs X of rank >= 3 and W of the same rank, got "
-                             f"X{list(x.shape)} W{list(w.shape)}")
+        _check_ranks(ctx, x, w)
         group = int(ctx.attrs.get("group", 1))
         _check_group(ctx, x.shape[1], w.shape[1], w.shape[0], group, "input channels")
         kernel = _kernel_shape(ctx, w)
@@ -644,9 +648,7 @@ class ConvTranspose(Kernel):
     @classmethod
     def infer(cls, ctx: OpContext, inputs: Sequence[TensorInfo | None]) -> list[TensorInfo]:
         x, w = inputs[0], inputs[1]
-        if x.rank < 3 or w.rank != x.rank:
-            raise ShapeError(f"{ctx.name}: ConvTranspose needs X of rank >= 3 and W of the same rank, "
-                             f"got X{list(x.shape)} W{list(w.shape)}")
+        _check_ranks(ctx, x, w)
         group = int(ctx.attrs.get("group", 1))
         channels = x.shape[1]
         if group < 1 or isinstance(channels, int) and channels % group:
