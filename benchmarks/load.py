@@ -233,20 +233,15 @@ def main(argv=None) -> int:
     ap.add_argument("--save", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
 
-    if args.worker == "omrt":
-        print(json.dumps(worker_omrt(args.path, args.save)))
-        return 0
-    if args.worker == "ort":
-        print(json.dumps(worker_ort(args.path, args.threads, args.save)))
-        return 0
-    if args.worker == "compile":
-        print(json.dumps(worker_compile(args.path, args.save)))
-        return 0
-    if args.worker == "check":
-        print(json.dumps(worker_check(args.path, args.save, args.expected)))
-        return 0
-    if args.worker == "build":
-        print(json.dumps(worker_build(args.path, args.save)))
+    if args.worker:
+        workers = {
+            "omrt": lambda: worker_omrt(args.path, args.save),
+            "ort": lambda: worker_ort(args.path, args.threads, args.save),
+            "compile": lambda: worker_compile(args.path, args.save),
+            "check": lambda: worker_check(args.path, args.save, args.expected),
+            "build": lambda: worker_build(args.path, args.save),
+        }
+        print(json.dumps(workers[args.worker]()))
         return 0
 
     src, expected = resolve_model(args.model)
