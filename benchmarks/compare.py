@@ -3,37 +3,27 @@
     python benchmarks/compare.py                                  # the whole suite, 1 and 2 threads
     python benchmarks/compare.py --models squeezenet,mlp --runs 50 --threads 1 --json out.json --png out.png
 
-The suite: the nine light models the onnx package ships (the ONNX backend tests' input,
-arange(n)/n), an MLP (3 layers, 1024 wide, batch 64, MatMul+Add+Relu), an image
-preprocessing model over a 1080p uint8 HWC frame (Cast, Sub, Div, Transpose to CHW), `transformer`
-(a BERT-base-like encoder, TRANSFORMER_LAYERS layers, sequence 128, in the ops exporters emit)
-and `big_mlp` (over 500 MB of weights: 8 layers of 4096x4096 MatMul+Add+Relu, batch 8); when omrt
-registers a Resize kernel the suite also has `preprocess_resize` (the same, then a linear Resize
-to 540x960). Synthetic models get deterministic random weights.
+The suite: the nine light models the onnx package ships, an MLP (3 layers, 1024 wide, batch 64,
+MatMul+Add+Relu), an image preprocessing model over a 1080p uint8 HWC frame (Cast, Sub, Div,
+Transpose to CHW), `transformer` (a BERT-base-like encoder, TRANSFORMER_LAYERS layers, sequence
+128, in the ops exporters emit) and `big_mlp` (over 500 MB of weights: 8 layers of 4096x4096
+MatMul+Add+Relu, batch 8); when omrt registers a Resize kernel the suite also has
+`preprocess_resize` (the same, then a linear Resize to 540x960). Synthetic models get
+deterministic random weights.
 
 Each model is measured in a subprocess of its own (so one model's memory never weighs on the
-next). In it the model is compiled once, then for each thread count:
-
-- omrt: one session, `zero_copy="auto"`, the input and output buffers bound once, `run()`;
-  threads set with `omrt.set_num_threads(n)` (omrt's own workers, numpy's OpenBLAS pinned to one
-  thread when n > 1); the worker process starts with OPENBLAS_NUM_THREADS=1, so that at n = 1
-  omrt, like ORT, runs on one core;
-- ORT `run()`: `InferenceSession` with `intra_op_num_threads=n`, `inter_op_num_threads=1`, the CPU
-  provider, the default optimisation level; `sess.run(None, feeds)` (ORT allocates the outputs);
-- ORT IOBinding: the same session, the input bound with `bind_cpu_input`, the output bound to a
-  preallocated numpy buffer with `bind_output(..., buffer_ptr=...)`, `run_with_iobinding`.
-
-All three get the same input array. Warm-up runs come first, then the timed runs go in
-interleaved blocks (omrt, ORT run, ORT IOBinding, omrt, ...) so that any drift in machine load
-falls on all three alike; medians and 90th percentiles are reported, and the ratio omrt/ORT of
-medians, per model and as a geometric mean. A per-variant time budget caps the number of runs
-for slow models (the count actually made is reported). Outputs are checked against ORT's once.
+next), started with OPENBLAS_NUM_THREADS=1. In it the model is compiled once and measured at each
+thread count by `omrt.bench` (`omrt bench` measures one model the same way; its docstring tells
+the method): omrt with its I/O bound once, ORT `run()` and ORT IOBinding, the same seeded random
+inputs for all three, warm-up runs, then timed runs in interleaved blocks, medians and 90th
+percentiles, the ratio omrt/ORT of medians, and an output check against ORT. Here the ratios are
+also summed up as geometric means over the models, and a per-variant time budget caps the number
+of runs for slow models (the count actually made is reported).
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import math
 import os
@@ -42,12 +32,13 @@ import sys
 import tempfile
 import time
 
+from omrt import bench
+
 LIGHT = ["bvlc_alexnet", "densenet121", "inception_v1", "inception_v2", "resnet50", "shufflenet",
          "squeezenet", "vgg19", "zfnet512"]
 SYNTHETIC = ["mlp", "preprocess", "preprocess_resize", "transformer", "big_mlp"]
 TRANSFORMER_LAYERS = 4
 """Encoder layers in `transformer` (BERT-base has 12; 4 keep a suite run short)."""
-VARIANTS = ("omrt", "ort_run", "ort_iobinding")
 
 
 # ---------------------------------------------------------------------------------- the models
@@ -211,49 +202,10 @@ def build(name: str, tmp: str) -> str:
     return path
 
 
-def make_input(shape, dtype):
-    """Light models: arange(n)/n like the backend tests; other float inputs: seeded normal; uint8: noise."""
-    import numpy as np
-
-    shape = tuple(int(d) for d in shape)
-    dtype = np.dtype(dtype)
-    rng = np.random.default_rng(1)
-    if dtype == np.uint8:
-        return rng.integers(0, 256, shape, dtype=np.uint8)
-    if dtype.kind == "f":
-        n = int(np.prod(shape))
-        return (np.arange(n).reshape(shape) / n).astype(dtype)
-    return np.zeros(shape, dtype)
-
-
 # ---------------------------------------------------------------------------------- the worker
-
-def _stats(times: list[float]) -> dict:
-    import numpy as np
-
-    a = np.asarray(times)
-    return {"median_ms": float(np.median(a) * 1e3), "p90_ms": float(np.percentile(a, 90) * 1e3),
-            "min_ms": float(a.min() * 1e3), "runs": len(times)}
-
-
-@contextlib.contextmanager
-def omrt_threads(n: int):
-    """omrt on n threads for the block, back to one after."""
-    import omrt
-
-    omrt.set_num_threads(n)
-    try:
-        yield
-    finally:
-        omrt.set_num_threads(1)
-
 
 def measure(name: str, threads: list[int], runs: int, warmup: int, block: int, budget: float) -> dict:
     """Compile `name`, then time omrt and ORT at each thread count; returns a JSON-able dict."""
-    import numpy as np
-    import onnxruntime as ort
-    from omrt.kernels.parallel import blas_threads as blas_thread_count
-
     import omrt
 
     out: dict = {"model": name}
@@ -261,85 +213,12 @@ def measure(name: str, threads: list[int], runs: int, warmup: int, block: int, b
         if name == "preprocess_resize" and not omrt_has("Resize"):
             return {**out, "skipped": "omrt has no Resize kernel registered"}
         src = build(name, tmp)
-        om = os.path.join(tmp, "model.om")
         try:
-            res = omrt.compile(src, om)
+            target = bench.prepare(src, os.path.join(tmp, "model.om"))
         except omrt.OmrtError as e:
-            return {**out, "error": f"omrt compile: {type(e).__name__}: {e}"}
-        out["compile_s"] = res.seconds
-        out["om_bytes"] = os.path.getsize(om)
-        model = omrt.load(om)
-        sess = model.session(zero_copy="auto")
-        feeds = {s.name: make_input(s.shape, s.dtype) for s in model.inputs}
-        outs = {s.name: np.empty(tuple(s.shape), s.dtype) for s in model.outputs}
-        for k, v in {**feeds, **outs}.items():
-            sess.bind(k, v)
-        out["inputs"] = {k: [str(v.dtype), list(v.shape)] for k, v in feeds.items()}
-        out["outputs"] = {k: [str(v.dtype), list(v.shape)] for k, v in outs.items()}
-        out["arena_bytes"] = sess.stats.arena_bytes
-        out["lower_bound"] = sess.stats.lower_bound
-        out["threads"] = {}
-
-        for n in threads:
-            so = ort.SessionOptions()
-            so.intra_op_num_threads = n
-            so.inter_op_num_threads = 1
-            t = time.perf_counter()
-            osess = ort.InferenceSession(src, so, providers=["CPUExecutionProvider"])
-            ort_create = time.perf_counter() - t
-            onames = [o.name for o in osess.get_outputs()]
-            io = osess.io_binding()
-            for k, v in feeds.items():
-                io.bind_cpu_input(k, v)
-            ort_outs = {k: np.empty_like(v) for k, v in outs.items()}
-            for k, v in ort_outs.items():
-                io.bind_output(k, "cpu", 0, v.dtype, list(v.shape), v.ctypes.data)
-
-            def run_omrt():
-                sess.run()
-
-            def run_ort():
-                osess.run(onames, feeds)
-
-            def run_iob():
-                osess.run_with_iobinding(io)
-
-            fns = {"omrt": run_omrt, "ort_run": run_ort, "ort_iobinding": run_iob}
-            with omrt_threads(n):
-                blas_threads = [blas_thread_count()]
-                # correctness, once: omrt's bound output against ORT's
-                sess.run()
-                ref = dict(zip(onames, osess.run(onames, feeds)))
-                check = {}
-                for k, v in outs.items():
-                    diff = float(np.max(np.abs(v.astype(np.float64) - ref[k].astype(np.float64))))
-                    check[k] = {"max_abs_diff": diff, "allclose": bool(np.allclose(v, ref[k], rtol=1e-3, atol=1e-4))}
-                for fn in fns.values():
-                    for _ in range(warmup):
-                        fn()
-                copied0, runs0 = sess.stats.bytes_copied, sess.stats.runs
-                times: dict[str, list[float]] = {k: [] for k in fns}
-                start = time.perf_counter()
-                while len(times["omrt"]) < runs:
-                    todo = min(block, runs - len(times["omrt"]))
-                    for key, fn in fns.items():
-                        ts = times[key]
-                        for _ in range(todo):
-                            t = time.perf_counter()
-                            fn()
-                            ts.append(time.perf_counter() - t)
-                    if time.perf_counter() - start > budget * len(fns) and len(times["omrt"]) >= 5:
-                        break
-                copied = (sess.stats.bytes_copied - copied0) / max(sess.stats.runs - runs0, 1)
-            del io, osess
-            rec = {k: _stats(v) for k, v in times.items()}
-            rec["bytes_copied_per_run"] = copied
-            rec["ort_session_create_s"] = ort_create
-            rec["blas_threads"] = blas_threads
-            rec["check"] = check
-            rec["ratio_vs_run"] = rec["omrt"]["median_ms"] / rec["ort_run"]["median_ms"]
-            rec["ratio_vs_iobinding"] = rec["omrt"]["median_ms"] / rec["ort_iobinding"]["median_ms"]
-            out["threads"][str(n)] = rec
+            return {**out, "error": f"omrt: {type(e).__name__}: {e}"}
+        out.update(bench.describe(target))
+        out["threads"] = {str(n): bench.measure_threads(target, n, runs, warmup, block, budget) for n in threads}
     return out
 
 
@@ -361,21 +240,13 @@ def spawn(name: str, args: argparse.Namespace) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def human_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)
-
-
 def table(results: list[dict], threads: list[int]) -> tuple[str, dict]:
+    """The latency tables, one per thread count, with geometric means of the ratios; and those means."""
     lines, summary = [], {}
     for n in threads:
         lines.append("")
         lines.append(f"threads = {n}  (latency in ms: median / p90; ratio = omrt median / ORT median)")
-        head = (f"{'model':<18}{'runs':>5}{'omrt':>18}{'ORT run()':>18}{'ORT IOBinding':>18}"
-                f"{'vs run':>8}{'vs iob':>8}{'copied/run':>12}  check")
+        head = bench.header("model")
         lines.append(head)
         lines.append("-" * len(head))
         r_run, r_iob = [], []
@@ -385,16 +256,7 @@ def table(results: list[dict], threads: list[int]) -> tuple[str, dict]:
                 why = f"error: {res['error']}" if "error" in res else f"skipped: {res.get('skipped', 'no result')}"
                 lines.append(f"{res['model']:<18}  {why}")
                 continue
-
-            def cell(key):
-                return f"{rec[key]['median_ms']:.2f} / {rec[key]['p90_ms']:.2f}"
-
-            ok = all(c["allclose"] for c in rec["check"].values())
-            worst = max(c["max_abs_diff"] for c in rec["check"].values())
-            lines.append(f"{res['model']:<18}{rec['omrt']['runs']:>5}{cell('omrt'):>18}{cell('ort_run'):>18}"
-                         f"{cell('ort_iobinding'):>18}{rec['ratio_vs_run']:>8.2f}{rec['ratio_vs_iobinding']:>8.2f}"
-                         f"{human_bytes(rec['bytes_copied_per_run']):>12}  {'ok' if ok else 'MISMATCH'}"
-                         f" ({worst:.1e})")
+            lines.append(bench.row(res["model"], rec))
             r_run.append(rec["ratio_vs_run"])
             r_iob.append(rec["ratio_vs_iobinding"])
         g_run, g_iob = geomean(r_run), geomean(r_iob)
@@ -458,6 +320,8 @@ def main(argv=None) -> int:
     ap.add_argument("--png", metavar="FILE", help="draw the ratios here")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if bench.import_ort() is None:
+        raise SystemExit(f"compare.py measures omrt against ONNX Runtime: {bench.ORT_MISSING}")
     args.threads = [int(t) for t in str(args.threads).split(",") if t.strip()]
     if args.warmup is None:
         args.warmup = min(5, args.runs)
@@ -491,11 +355,11 @@ def main(argv=None) -> int:
               f"figures at N threads are only meaningful while N CPUs are otherwise idle")
     failed = [r["model"] for r in results if "error" in r]
     mismatched = sorted({r["model"] for r in results for rec in r.get("threads", {}).values()
-                         if not all(c["allclose"] for c in rec["check"].values())})
+                         if not bench.matches(rec)})
     if failed:
         print(f"\nfailed: {', '.join(failed)}")
     if mismatched:
-        print(f"outputs differ from ORT's (rtol 1e-3, atol 1e-4): {', '.join(mismatched)}")
+        print(f"outputs differ from ORT's (rtol {bench.RTOL:g}, atol {bench.ATOL:g}): {', '.join(mismatched)}")
     if args.json:
         import platform
 
