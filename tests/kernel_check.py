@@ -33,16 +33,20 @@ def _infos(inputs: Sequence[np.ndarray | None], const: Sequence[int] | None) -> 
 
 
 def run_kernel(op_type: str, inputs: Sequence[np.ndarray | None], attrs: dict[str, Any] | None = None,
-               opset: int = 21, const: Sequence[int] | None = None, domain: str = "") -> list[np.ndarray]:
+               opset: int = 21, const: Sequence[int] | None = None, domain: str = "",
+               native: Any = None, n_outputs: int | None = None) -> list[np.ndarray]:
     """infer -> prepare -> workspace -> run, the way the executor does; outputs pre-filled with junk.
 
-    `const` lists the input indices whose values are known at plan time (default: small int tensors).
-    Also checks that `infer` agrees with what `run` produced, and that in-place declarations hold.
+    `const` lists the input indices whose values are known at plan time (default: small int tensors);
+    `native` is the loaded native library the kernel may use; `n_outputs` how many outputs the node
+    declares (default: all that infer gives). Also checks that `infer` agrees with what `run`
+    produced, and that in-place declarations hold.
     """
     cls = lookup(op_type, opset, domain)
-    ctx = OpContext(dict(attrs or {}), opset, name="test", op_type=op_type)
+    ctx = OpContext(dict(attrs or {}), opset, name="test", op_type=op_type, n_outputs=n_outputs or 1,
+                    native=native)
     infos = _infos(inputs, const)
-    outs = cls.infer(ctx, infos)
+    outs = cls.infer(ctx, infos)[:n_outputs]
     kernel = cls(ctx, infos, outs)
     nws = kernel.workspace()
     ws = np.full(nws, 0xCD, np.uint8) if nws else None
@@ -89,9 +93,9 @@ def reference(op_type: str, inputs: Sequence[np.ndarray | None], attrs: dict[str
 
 def check(op_type: str, inputs: Sequence[np.ndarray | None], attrs: dict[str, Any] | None = None,
           opset: int = 21, rtol: float = 1e-5, atol: float = 1e-6, const: Sequence[int] | None = None,
-          n_outputs: int = 1) -> list[np.ndarray]:
+          n_outputs: int = 1, native: Any = None) -> list[np.ndarray]:
     """Assert omrt's kernel matches onnx.reference in dtype, shape and values."""
-    got = run_kernel(op_type, inputs, attrs, opset, const)
+    got = run_kernel(op_type, inputs, attrs, opset, const, native=native)
     want = reference(op_type, inputs, attrs, opset, n_outputs or len(got))
     assert len(got) >= len(want)
     for g, w in zip(got, want):

@@ -21,11 +21,12 @@ __version__ = "0.1.0"
 
 
 def compile(model: Any, output: str | os.PathLike, shapes: Mapping[str, Sequence[int]] | None = None,
-            progress: Any = None) -> "CompileResult":
-    """Compile an ONNX model (path, bytes or ModelProto) into the `.om` file `output`."""
+            progress: Any = None, native: bool = True) -> "CompileResult":
+    """Compile an ONNX model (path, bytes or ModelProto) into the `.om` file `output`; `native`
+    packs the C kernels its ops can use (see `omrt.load(..., trust_kernels=True)`)."""
     from .compiler import compile_model
 
-    return compile_model(model, output, shapes=shapes, progress=progress)
+    return compile_model(model, output, shapes=shapes, progress=progress, native=native)
 
 
 __all__ = ["BindError", "CompileError", "FormatError", "IOSpec", "InputError", "KernelError", "Model",

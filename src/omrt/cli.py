@@ -45,7 +45,8 @@ def cmd_compile(args: argparse.Namespace) -> int:
         if not args.quiet:
             print(f"  {msg}", file=sys.stderr)
 
-    res = omrt.compile(args.model, args.output, shapes=dict(args.shape or []), progress=progress)
+    res = omrt.compile(args.model, args.output, shapes=dict(args.shape or []), progress=progress,
+                       native=not args.no_native)
     from .report import mib, plan_figures
 
     print(f"{args.output}: {mib(res.file_size)} ({mib(res.weights_bytes)} weights), "
@@ -62,7 +63,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from .demo import backend_input
 
     omrt.set_num_threads(args.threads)
-    model = omrt.load(args.model)
+    model = omrt.load(args.model, trust_kernels=args.trust_kernels)
     sess = model.session()
     given = dict(args.input or [])
     feeds = {}
@@ -122,6 +123,22 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+def _thread_counts_arg(text: str) -> list[int]:
+    """--threads of `bench`: comma-separated counts, each checked like a single --threads."""
+    return [_threads_arg(t) for t in text.split(",")]
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    """Compile the model to a temporary .om and time it beside ONNX Runtime (see omrt.bench)."""
+    from .bench import run
+
+    def progress(msg: str) -> None:
+        print(f"  {msg}", file=sys.stderr)
+
+    return run(args.model, args.threads, args.runs, args.warmup, dict(args.shape or []), args.seed, args.json,
+               progress)
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from .demo import main as demo
 
@@ -138,6 +155,8 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--shape", action="append", type=_shape_arg, metavar="NAME=D1xD2...",
                    help="fix an input's shape (repeatable)")
     c.add_argument("-q", "--quiet", action="store_true", help="no progress messages")
+    c.add_argument("--no-native", action="store_true",
+                   help="do not build and pack native kernels (the model then runs on numpy kernels only)")
     c.set_defaults(fn=cmd_compile)
     r = sub.add_parser("run", help="run a .om model and print its outputs and latency")
     r.add_argument("model")
@@ -145,6 +164,8 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--repeat", type=int, default=0, help="timed runs after the first")
     r.add_argument("--output-dir", help="save outputs as .npy files here")
     r.add_argument("--profile", action="store_true", help="print time per op type")
+    r.add_argument("--trust-kernels", action="store_true",
+                   help="run the native kernels packed in the file (machine code: only for files you trust)")
     r.add_argument("--threads", type=_threads_arg, default=1, metavar="N",
                    help="run omrt's kernels on N threads of its own (default 1; see omrt.set_num_threads)")
     r.set_defaults(fn=cmd_run)
@@ -154,6 +175,17 @@ def parser() -> argparse.ArgumentParser:
     i.add_argument("--plot", metavar="FILE.png|svg", help="write a picture of the memory plan")
     i.add_argument("--verify", action="store_true", help="also check the weights' digest")
     i.set_defaults(fn=cmd_inspect)
+    b = sub.add_parser("bench", help="time an ONNX model with omrt and ONNX Runtime side by side")
+    b.add_argument("model", help="the .onnx file (compiled to a temporary .om)")
+    b.add_argument("--threads", type=_thread_counts_arg, default=[1, 2], metavar="N,N...",
+                   help="thread counts to measure at (default 1,2)")
+    b.add_argument("--runs", type=int, default=50, help="timed runs per variant and thread count (default 50)")
+    b.add_argument("--warmup", type=int, default=5, help="warm-up runs per variant (default 5)")
+    b.add_argument("--shape", action="append", type=_shape_arg, metavar="NAME=D1xD2...",
+                   help="fix an input's symbolic dims (repeatable)")
+    b.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
+    b.add_argument("--json", metavar="FILE", help="write every figure here")
+    b.set_defaults(fn=cmd_bench)
     d = sub.add_parser("demo", help="compile, run and check a real network shipped with onnx")
     d.add_argument("--model", default="squeezenet",
                    choices=["bvlc_alexnet", "densenet121", "inception_v1", "inception_v2", "resnet50",

@@ -50,7 +50,7 @@ def main(name: str = "squeezenet", repeat: int = 50, threads: int = 1) -> int:
         print(f"compiled in {res.seconds * 1e3:.0f} ms -> {os.path.basename(om)}, {mib(res.file_size)} "
               f"({mib(res.weights_bytes)} of weights)")
         t0 = time.perf_counter()
-        model = omrt.load(om)
+        model = omrt.load(om, trust_kernels=True)
         sess = model.session(zero_copy="always")
         load_ms = (time.perf_counter() - t0) * 1e3
         print(f"loaded (mmap) + first session in {load_ms:.1f} ms")

@@ -24,7 +24,7 @@ from typing import BinaryIO, Callable, Iterable
 from .errors import FormatError
 
 MAGIC = b"OMRT\x00\r\n\x1a"
-VERSION = (1, 1)
+VERSION = (1, 2)
 HEADER = struct.Struct("<8sHHIIQQ28x")
 ENTRY = struct.Struct("<IIQQ32s")
 PAGE = 4096

@@ -114,13 +114,13 @@ class SubgraphRunner:
         return [env[o] for o in g.outputs]
 
 
-def context(node: Node, graph: Graph) -> OpContext:
-    """The OpContext a node's kernel sees."""
+def context(node: Node, graph: Graph, native: Any = None) -> OpContext:
+    """The OpContext a node's kernel sees (`native`: the model's loaded native library, if any)."""
     subs = subgraphs(node)
     captures = node.attrs.get(CAPTURES, [])
     runners = {key: SubgraphRunner(g, captures) for key, g in subs.items()}
     return OpContext(node.attrs, graph.opset(node.domain), node.label, node.op_type, len(node.outputs),
-                     runners, len(captures))
+                     runners, len(captures), native)
 
 
 def _passes_through(cls: type[Kernel], infos: Sequence[TensorInfo | None]) -> bool:

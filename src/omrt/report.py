@@ -38,6 +38,9 @@ def describe(model: Model, plan: bool = False) -> str:
     lines.append(f"kernels: {len(model.graph.nodes)} nodes, " +
                  ", ".join(f"{op} x{c}" for op, c in ops.most_common()))
     lines.append(f"weights: {len(model.graph.constants)} tensors")
+    lines.append(f"packed kernels: {len(model.kernels) or 'none'}")
+    lines += [f"  {k.name} ({k.vendor}, {', '.join(k.units)}; {k.target.get('compiler', '?')}): {k.status}"
+              for k in model.kernels]
     lines.append("environment: " + ", ".join(f"{k} {v}" for k, v in model.env.items()))
     prep = model.default
     if prep is None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import platform
-import struct
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
@@ -15,14 +14,15 @@ import onnx
 
 from .. import __version__
 from ..format import Part, write
+from ..kernels.native import KERNEL_ABI
+from ..kernelstore import kinds_flag, pack
 from ..infer import propagate
 from ..ir import Graph
 from ..lower import Program, lower
 from ..modeldef import encode, weight_layout, weights
 from .importer import import_model, load_model
+from .native import build, units_of
 from .passes import optimize
-
-KERNEL_ABI = 1
 
 
 @dataclass
@@ -57,14 +57,13 @@ def _weights_writer(constants: dict, layout: dict) -> Callable:
     return produce
 
 
-def _kernel_store(sink: Callable[[bytes], None]) -> None:
-    """The KERNELS partition: a count followed by packed kernels (none are packed yet)."""
-    sink(struct.pack("<I", 0))
-
-
 def compile_model(model: Any, output: str | os.PathLike, shapes: Mapping[str, Sequence[int]] | None = None,
-                  progress: Callable[[str], None] | None = None) -> CompileResult:
-    """Compile `model` into `output`; on any failure nothing is written."""
+                  progress: Callable[[str], None] | None = None, native: bool = True) -> CompileResult:
+    """Compile `model` into `output`; on any failure nothing is written.
+
+    `native` packs the C kernels the model's ops can use (built with the host's C compiler; see
+    `omrt.kernels.native`); without them, or without a compiler, the model runs on numpy kernels.
+    """
     t0 = time.perf_counter()
     say = progress or (lambda msg: None)
     say("reading the ONNX model")
@@ -79,6 +78,8 @@ def compile_model(model: Any, output: str | os.PathLike, shapes: Mapping[str, Se
     if all(graph.infos[v].static for v in graph.inputs if graph.infos[v].is_tensor):
         say("planning memory")
         program = lower(graph)
+    library = build(units_of(graph), say) if native else None
+    records = [library] if library is not None else []
     constants = weights(graph)
     layout = weight_layout(constants)
     weights_bytes = sum(n for _, n in layout.values())
@@ -91,8 +92,8 @@ def compile_model(model: Any, output: str | os.PathLike, shapes: Mapping[str, Se
     size = write(output, [
         (Part.MODEL_DEF, lambda sink: sink(modeldef)),
         (Part.WEIGHTS, _weights_writer(constants, layout)),
-        (Part.KERNELS, _kernel_store),
+        (Part.KERNELS, lambda sink: sink(pack(records))),
         (Part.PLANS, lambda sink: sink(plans)),
         (Part.ENV, lambda sink: sink(env)),
-    ], progress=say)
+    ], flags=kinds_flag(records), progress=say)
     return CompileResult(os.fspath(output), size, weights_bytes, program, graph, time.perf_counter() - t0)

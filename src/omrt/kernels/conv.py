@@ -18,6 +18,7 @@ from numpy.lib.stride_tricks import as_strided
 from ..errors import ShapeError
 from . import parallel
 from .base import Dim, Kernel, OpContext, TensorInfo, apply_activation, register
+from .native import F32, I64, PTR, Function, activation_code, address
 
 WORKSPACE_CAP = 1 << 20
 """Upper bound (bytes) of an im2col/col2im column buffer; bigger layers are processed in row chunks."""
@@ -32,6 +33,11 @@ SPLIT_PASS_BYTES = 1 << 21
 smaller ones the pass costs less than a handoff."""
 
 _ACTIVATIONS = frozenset({"Relu", "LeakyRelu", "Clip", "Sigmoid", "Tanh", "HardSigmoid"})
+
+DWCONV2D = Function("conv", "omrt_dwconv2d_f32", (PTR,) * 5 + (I64,) * 17 + (F32, F32))
+
+DEPTHWISE_SPLIT = 1 << 21
+"""Depthwise layers with outputs at least this big spread their channels over omrt's threads."""
 
 
 def _text(value: object, default: str) -> str:
@@ -328,11 +334,14 @@ def _kernel_shape(ctx: OpContext, w: TensorInfo) -> list[Dim]:
 class Conv(Kernel):
     """N-d convolution: im2col + one batched GEMM over the groups; 1x1 layers skip im2col.
 
-    Depthwise layers take the im2col path too: gathering the taps and letting BLAS run one small
-    GEMM per channel measured faster than accumulating strided taps with numpy ufuncs.
+    Depthwise 2-d float32 layers run a native loop per channel when the model has it (bias and
+    activation included, in one pass). Without it they take the im2col path too: gathering the
+    taps and letting BLAS run one small GEMM per channel measured faster than accumulating
+    strided taps with numpy ufuncs.
     """
 
     fuses = _ACTIVATIONS
+    native_units = ("conv",)
 
     @classmethod
     def infer(cls, ctx: OpContext, inputs: Sequence[TensorInfo | None]) -> list[TensorInfo]:
@@ -358,6 +367,7 @@ class Conv(Kernel):
         pointwise = (all(k == 1 for k in kernel) and all(s == 1 for s in self.win.strides)
                      and all(b == 0 for b in self.win.begin) and self.win.out == self.win.size)
         self.mode = "pointwise" if pointwise else "im2col"
+        self.c_depthwise = self._depthwise(ctx, x, channels, filters)
         self.filters = filters // self.group
         self.inner = math.prod(self.win.out[1:])
         self.row_bytes = channels * math.prod(kernel) * self.inner * x.dtype.itemsize
@@ -375,6 +385,31 @@ class Conv(Kernel):
             self.nbytes = self.pad_bytes + max(min(t, parallel.MAX_SLOTS) * self._layout(t)[1]
                                                for t in range(1, parallel.MAX_SLOTS + 1))
             self._split(1)
+        self.plane_scratch = self._plane_scratch(x, channels)
+        self.nbytes = max(self.nbytes, parallel.MAX_SLOTS * self.plane_scratch)
+
+    def _plane_scratch(self, x: TensorInfo, channels: int) -> int:
+        """Bytes of scratch per thread of the native depthwise loop (see csrc/conv.c): planned
+        whether or not the model will have that loop, so that plans do not depend on it."""
+        win = self.win
+        if self.group != channels or x.rank != 4 or x.dtype != np.float32 or win.strides != (1, 1):
+            return 0
+        (oh, ow), (kh, kw), (dh, dw) = win.out, win.kernel, win.dilations
+        padded_width = ow + (kw - 1) * dw
+        return -(-((2 * oh + (kh - 1) * dh) * padded_width + (kw - 1) * dw) * 4 // 64) * 64
+
+    def _depthwise(self, ctx: OpContext, x: TensorInfo, channels: int, filters: int) -> tuple | None:
+        """(C function, geometry arguments) for a 2-d float32 depthwise layer when the model has
+        the native loop, else None."""
+        act = activation_code(ctx.attrs)
+        if (ctx.native is None or self.group != channels or x.rank != 4 or x.dtype != np.float32
+                or act is None):
+            return None
+        fn = ctx.native.get(DWCONV2D)
+        win = self.win
+        geometry = (filters, filters // channels, *win.size, *win.out, *win.kernel, *win.strides,
+                    *win.dilations, *win.begin, *act)
+        return None if fn is None else (fn, geometry)
 
     def _padded_extent(self, channels: int, itemsize: int) -> tuple[int, ...] | None:
         """Spatial extent of the zero-padded image a strided gather reads (None: gather by taps)."""
@@ -454,10 +489,24 @@ class Conv(Kernel):
         y = outputs[0]
         if y.size == 0:
             return
-        if self.mode == "pointwise":
+        if self.c_depthwise is not None and x.flags.c_contiguous and y.flags.c_contiguous:
+            self._run_depthwise(x, w, b, y, workspace)
+        elif self.mode == "pointwise":
             self._pointwise(x, w, b, y)
         else:
             self._im2col(x, w, b, y, workspace)
+
+    def _run_depthwise(self, x: np.ndarray, w: np.ndarray, b: np.ndarray | None, y: np.ndarray,
+                       workspace: np.ndarray | None) -> None:
+        fn, geometry = self.c_depthwise
+        src, weights, dst = address(x), address(w), address(y)
+        bias = 0 if b is None else address(b)
+        scratch = 0 if workspace is None else address(workspace)
+        threads = min(parallel.get_num_threads(), parallel.MAX_SLOTS) if y.nbytes >= DEPTHWISE_SPLIT else 1
+        parts = parallel.spans(y.shape[0] * y.shape[1], threads)
+        parallel.parallel_for(len(parts), lambda i, slot: fn(src, weights, bias, dst,
+                                                             scratch + slot * self.plane_scratch,
+                                                             *parts[i], *geometry), threads)
 
     def _finish(self, y: np.ndarray, b: np.ndarray | None) -> None:
         """Bias and fused activation on a C-contiguous block of the output (numpy buffers ufuncs

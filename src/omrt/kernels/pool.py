@@ -17,12 +17,15 @@ from ..errors import ShapeError
 from .base import Kernel, OpContext, TensorInfo, register
 from . import conv, parallel
 from .conv import Tap, Window, int_list, sliding_window, window_of
+from .native import I64, PTR, Function, address
 
 _ALL = (Ellipsis,)
 
 SPLIT_BYTES = 1 << 24
 """Pools that read at least this many bytes (input size times the taps per dim) spread their
 plane blocks over omrt's threads; smaller ones cost less than a handoff."""
+
+POOL2D = Function("pool", "omrt_pool2d_f32", (PTR, PTR, PTR, PTR) + (I64,) * 15)
 
 
 def _kernel_shape(ctx: OpContext, x: TensorInfo) -> list[int]:
@@ -105,6 +108,8 @@ class _WindowPool(Kernel):
         self.traffic = x.nbytes * sum(w.kernel)
         self.stage_bytes = max(t * self._slot_bytes(self._block(t))
                                for t in range(1, parallel.MAX_SLOTS + 1))
+        self.c_pool = ctx.native.get(POOL2D) if (ctx.native is not None and nd == 2
+                                                 and x.dtype == np.float32) else None
 
     def workspace(self) -> int:
         return self.stage_bytes
@@ -157,6 +162,26 @@ class _WindowPool(Kernel):
 
         parallel.parallel_for(-(-xs.shape[0] // block), reduce_block, threads)
 
+    def _c_reduce(self, x: np.ndarray, y: np.ndarray, workspace: np.ndarray, is_max: bool,
+                  inv_count: np.ndarray | None) -> bool:
+        """The 2-d float32 pool in one native pass over each plane, when the model has the C loop
+        and the tensors are contiguous; False when the numpy stages must run instead.
+
+        Each thread reduces rows into a scratch row of its own in the workspace (which, planned
+        for the numpy stages, holds at least one (OH, W) plane per slot)."""
+        if self.c_pool is None or not (x.flags.c_contiguous and y.flags.c_contiguous):
+            return False
+        w = self.win
+        geometry = (*w.size, *w.out, *w.kernel, *w.strides, *w.dilations, *w.begin, int(is_max))
+        src, dst, scratch = address(x), address(y), address(workspace)
+        inv = 0 if inv_count is None else address(inv_count)
+        row = _align(w.size[1] * x.dtype.itemsize)
+        threads = min(parallel.get_num_threads(), parallel.MAX_SLOTS) if self.traffic >= SPLIT_BYTES else 1
+        parts = parallel.spans(self.planes, threads)
+        parallel.parallel_for(len(parts), lambda i, slot: self.c_pool(src, dst, inv, scratch + slot * row,
+                                                                      *parts[i], *geometry), threads)
+        return True
+
     def _tap_stage(self, ufunc: np.ufunc, stage: _Stage, src: np.ndarray, dst: np.ndarray,
                    lead: tuple) -> None:
         rest = stage.taps
@@ -201,6 +226,8 @@ class MaxPool(_WindowPool):
     in column-major order" (of the spatial dims; N and C stay outer).
     """
 
+    native_units = ("pool",)
+
     @classmethod
     def infer(cls, ctx: OpContext, inputs: Sequence[TensorInfo | None]) -> list[TensorInfo]:
         y = super().infer(ctx, inputs)[0]
@@ -216,7 +243,8 @@ class MaxPool(_WindowPool):
         x, y = inputs[0], outputs[0]
         indices = outputs[1] if len(outputs) > 1 else None
         if indices is None:
-            self._reduce(np.maximum, x, y, workspace)
+            if not self._c_reduce(x, y, workspace, True, None):
+                self._reduce(np.maximum, x, y, workspace)
             return
         y.fill(self.identity)
         indices.fill(-1)
@@ -253,16 +281,20 @@ class AveragePool(_WindowPool):
     either way positions past the end padding (from ceil_mode) are never counted.
     """
 
+    native_units = ("pool",)
+
     def __init__(self, ctx: OpContext, inputs: Sequence[TensorInfo | None],
                  outputs: Sequence[TensorInfo]) -> None:
         super().__init__(ctx, inputs, outputs)
         counts = self.win.counts(bool(ctx.attrs.get("count_include_pad", 0)))
         uniform = counts.size and (counts == counts.flat[0]).all()
         self.divisor = np.asarray(counts.flat[0] if uniform else counts, inputs[0].dtype)
+        self.inv_count = (1 / counts).astype(np.float32) if self.c_pool is not None else None
 
     def run(self, inputs, outputs, workspace):
-        self._reduce(np.add, inputs[0], outputs[0], workspace,
-                     lambda block: np.divide(block, self.divisor, out=block))
+        if not self._c_reduce(inputs[0], outputs[0], workspace, False, self.inv_count):
+            self._reduce(np.add, inputs[0], outputs[0], workspace,
+                         lambda block: np.divide(block, self.divisor, out=block))
 
 
 def _p(ctx: OpContext) -> float:

@@ -16,6 +16,9 @@ from ..infer import context, propagate
 from ..ir import Graph, Shape, TensorInfo
 from ..kernels import lookup
 from ..kernels.base import Kernel
+from ..kernels.native import Library
+from ..kernelstore import Packed, unpack
+from ..kernelstore import load as load_kernels
 from ..lower import DYNAMIC, Program, lower
 from ..modeldef import decode, decode_program
 
@@ -51,8 +54,9 @@ class Prepared:
         return TensorInfo(self.graph.infos[value].dtype, None if shape is None else tuple(shape))
 
 
-def prepare(graph: Graph, program: Program) -> Prepared:
-    """Instantiate every task's kernel with the program's concrete shapes."""
+def prepare(graph: Graph, program: Program, native: Library | None = None) -> Prepared:
+    """Instantiate every task's kernel with the program's concrete shapes (and the model's native
+    library, when it has a trusted one)."""
     kernels: list[Kernel | None] = []
     for task in program.tasks:
         node = graph.nodes[task.node]
@@ -66,8 +70,7 @@ def prepare(graph: Graph, program: Program) -> Prepared:
                for v in task.inputs]
         outs = [TensorInfo(graph.infos[v].dtype, tuple(program.shapes[v])) if v in program.shapes
                 else None for v in task.outputs]
-        ctx = context(node, graph)
-        kernel = cls(ctx, ins, outs)
+        kernel = cls(context(node, graph, native), ins, outs)
         if kernel.workspace() > task.ws_size:
             raise FormatError(f"node {node.label!r} ({node.op_type}) needs {kernel.workspace()} bytes of "
                               f"workspace but the plan in the file gives {task.ws_size}: the model was "
@@ -83,7 +86,7 @@ def _signature_key(shapes: Mapping[str, Sequence[int]]) -> tuple:
 class Model:
     """A compiled model mapped from a `.om` file; make sessions to run it."""
 
-    def __init__(self, path: str | os.PathLike, verify: bool = False) -> None:
+    def __init__(self, path: str | os.PathLike, verify: bool = False, trust_kernels: bool = False) -> None:
         self.path = os.fspath(path)
         self._file = OmFile(self.path)
         weights = self._file.view(Part.WEIGHTS, verify=verify)
@@ -93,7 +96,9 @@ class Model:
         except ValueError as e:
             raise FormatError(f"{self.path!r}: ENV or PLANS partition is not valid JSON; the file is "
                               f"corrupted") from e
-        self._file.view(Part.KERNELS)
+        self.kernels: list[Packed] = unpack(self._file.view(Part.KERNELS), self.path)
+        """The packed kernels, each with its load status."""
+        self.native = load_kernels(self.kernels, trust_kernels)
         self.graph, program, self.metadata = decode(self._file.view(Part.MODEL_DEF), weights, self.path)
         self.file_size = os.path.getsize(self.path)
         self.inputs = [self._spec(v) for v in self.graph.inputs]
@@ -138,7 +143,7 @@ class Model:
                 return hit
             program = self._stored.get(key)
             if program is not None:
-                prep = prepare(self.graph, program)
+                prep = prepare(self.graph, program, self.native)
             else:
                 self.check_shapes(shapes)
                 prep = self._specialize(shapes)
@@ -153,7 +158,7 @@ class Model:
                           else g.infos[v] for v in g.inputs}},
                       dict(g.constants), dict(g.opsets), g.name)
         propagate(graph, fold=True)
-        return prepare(graph, lower(graph))
+        return prepare(graph, lower(graph), self.native)
 
     def session(self, zero_copy: str = "auto") -> "Session":
         """A new session: its own arena and bindings, sharing this model's weights and kernels."""
@@ -162,6 +167,11 @@ class Model:
         return Session(self, zero_copy)
 
 
-def load(path: str | os.PathLike, verify: bool = False) -> Model:
-    """Map a `.om` file. `verify=True` also checks the weights' digest (reads every byte)."""
-    return Model(path, verify)
+def load(path: str | os.PathLike, verify: bool = False, trust_kernels: bool = False) -> Model:
+    """Map a `.om` file. `verify=True` also checks the weights' digest (reads every byte).
+
+    `trust_kernels=True` lets the native kernels packed in the file run (they are machine code:
+    trust only files you compiled or got from someone you trust); otherwise, and where the host
+    cannot load them, the built-in numpy kernels run instead. `Model.kernels` tells which happened.
+    """
+    return Model(path, verify, trust_kernels)

@@ -374,7 +374,7 @@ class Session:
             vals = [dyn.get(v, a) if v else None for v, a in zip(task.inputs, ins)]
             infos = [info_of(a, graph.infos.get(v)) if v else None for v, a in zip(task.inputs, vals)]
             cls = lookup(node.op_type, graph.opset(node.domain), node.domain, node.label)
-            ctx = context(node, graph)
+            ctx = context(node, graph, self.model.native)
             results = execute(cls, ctx, vals, infos, infer_outputs(cls, ctx, infos))
             for v, r in zip(task.outputs, results):
                 if v:

@@ -1,0 +1,79 @@
+/* 2-D max and average pooling over NCHW planes. */
+#include "omrt_native.h"
+
+/* Max (the x86 max instruction's form, which a NaN need not win: rows holding one are redone by
+ * nan_windows), or the sum for average pooling. */
+static inline float pool_step(float acc, float v, int64_t is_max) {
+    return is_max ? (v > acc ? v : acc) : acc + v;
+}
+
+/* yr[ow] op= tmp[ow * SW + shift] for the positions that read inside the row; SW is a constant
+ * at the call sites below, so that the compiler vectorizes the strided reads. */
+static inline void pool_columns(float *yr, const float *tmp, const int64_t *lo, const int64_t *hi,
+                                int64_t KW, int64_t SW, int64_t DW, int64_t PL, int64_t is_max) {
+    for (int64_t kw = 0; kw < KW; kw++) {
+        int64_t shift = kw * DW - PL;
+        for (int64_t ow = lo[kw]; ow < hi[kw]; ow++) yr[ow] = pool_step(yr[ow], tmp[ow * SW + shift], is_max);
+    }
+}
+
+/* Set to NaN the maxima of output row `oh` whose window holds a NaN (numpy's maximum semantics). */
+static void nan_windows(float *yr, const float *xp, const int64_t *lo, const int64_t *hi, int64_t oh,
+                        int64_t H, int64_t W, int64_t KH, int64_t KW, int64_t SH, int64_t SW,
+                        int64_t DH, int64_t DW, int64_t PT, int64_t PL) {
+    for (int64_t kh = 0; kh < KH; kh++) {
+        int64_t ih = oh * SH + kh * DH - PT;
+        if (ih < 0 || ih >= H) continue;
+        for (int64_t kw = 0; kw < KW; kw++) {
+            int64_t shift = kw * DW - PL;
+            for (int64_t ow = lo[kw]; ow < hi[kw]; ow++) {
+                float v = xp[ih * W + ow * SW + shift];
+                if (v != v) yr[ow] = v;
+            }
+        }
+    }
+}
+
+/* y[p] = pool of x[p] for planes p in [p0, p1), one output row at a time: the rows its windows
+ * read are first reduced into `scratch` (W floats), then the columns. `inv_count` (OH*OW) holds
+ * 1 / the divisor of each window for average pooling (ignored for max). Reads outside the input
+ * are padding: -inf for max, nothing for average (the divisor says whether pads count). */
+OMRT_EXPORT OMRT_HOT void omrt_pool2d_f32(const float *x, float *y, const float *inv_count, float *scratch,
+                                          int64_t p0, int64_t p1, int64_t H, int64_t W, int64_t OH,
+                                          int64_t OW, int64_t KH, int64_t KW, int64_t SH, int64_t SW,
+                                          int64_t DH, int64_t DW, int64_t PT, int64_t PL, int64_t is_max) {
+    float init = is_max ? -INFINITY : 0.0f;
+    int64_t lo[KW], hi[KW];
+    for (int64_t kw = 0; kw < KW; kw++) omrt_span(kw * DW - PL, W, SW, OW, &lo[kw], &hi[kw]);
+    for (int64_t p = p0; p < p1; p++) {
+        const float *xp = x + p * H * W;
+        float *yp = y + p * OH * OW;
+        for (int64_t oh = 0; oh < OH; oh++) {
+            float *yr = yp + oh * OW;
+            for (int64_t iw = 0; iw < W; iw++) scratch[iw] = init;
+            int nan = 0;
+            for (int64_t kh = 0; kh < KH; kh++) {
+                int64_t ih = oh * SH + kh * DH - PT;
+                if (ih < 0 || ih >= H) continue;
+                const float *xr = xp + ih * W;
+                for (int64_t iw = 0; iw < W; iw++) {
+                    scratch[iw] = pool_step(scratch[iw], xr[iw], is_max);
+                    nan |= xr[iw] != xr[iw];
+                }
+            }
+            for (int64_t ow = 0; ow < OW; ow++) yr[ow] = init;
+            if (SW == 1)
+                pool_columns(yr, scratch, lo, hi, KW, 1, DW, PL, is_max);
+            else if (SW == 2)
+                pool_columns(yr, scratch, lo, hi, KW, 2, DW, PL, is_max);
+            else
+                pool_columns(yr, scratch, lo, hi, KW, SW, DW, PL, is_max);
+            if (!is_max) {
+                const float *inv = inv_count + oh * OW;
+                for (int64_t ow = 0; ow < OW; ow++) yr[ow] *= inv[ow];
+            } else if (nan) {
+                nan_windows(yr, xp, lo, hi, oh, H, W, KH, KW, SH, SW, DH, DW, PT, PL);
+            }
+        }
+    }
+}

@@ -1,0 +1,72 @@
+"""Native kernels: C loops that some built-in kernels hand their work to, when the model has them.
+
+The C sources live beside this module (`csrc/<unit>.c`). `omrt compile` builds the units a model's
+kernels declare (`Kernel.native_units`) into one shared library and packs it into the `.om` file;
+`omrt.load(..., trust_kernels=True)` loads it and every kernel of that model gets it as
+`ctx.native`. Kernels always keep their numpy path: it runs when the model carries no library,
+the caller does not trust it, or the host cannot load it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+KERNEL_ABI = 1
+"""Version of the calling convention between kernels and the C functions: bumped when a
+function's arguments change, so that a library built for another ABI is never called."""
+
+SOURCES = os.path.join(os.path.dirname(__file__), "csrc")
+
+PTR = ctypes.c_void_p
+I64 = ctypes.c_int64
+F32 = ctypes.c_float
+
+
+@dataclass(frozen=True)
+class Function:
+    """A C function of a unit, with the ctypes argument types of its signature."""
+
+    unit: str
+    symbol: str
+    argtypes: tuple
+
+
+class Library:
+    """One model's loaded native library: the units it was built from and their functions."""
+
+    def __init__(self, cdll: ctypes.CDLL, units: frozenset[str]) -> None:
+        self._cdll = cdll
+        self.units = units
+        self._functions: dict[str, Callable] = {}
+
+    def get(self, fn: Function) -> Callable | None:
+        """The callable for `fn`, or None when the library was built without its unit."""
+        if fn.unit not in self.units:
+            return None
+        hit = self._functions.get(fn.symbol)
+        if hit is None:
+            hit = getattr(self._cdll, fn.symbol)
+            hit.argtypes, hit.restype = list(fn.argtypes), None
+            self._functions[fn.symbol] = hit
+        return hit
+
+
+def address(a: np.ndarray) -> int:
+    """The data pointer a C function receives for a C-contiguous array."""
+    return a.__array_interface__["data"][0]
+
+
+def activation_code(ctx_attrs: dict) -> tuple[int, float, float] | None:
+    """(code, alpha, beta) of a fused activation the C loops apply themselves, or None when they
+    do not (the kernel then applies it with numpy afterwards): 0 none, 1 Relu, 2 LeakyRelu,
+    3 Clip."""
+    act = ctx_attrs.get("_act")
+    alpha = float(ctx_attrs.get("_act_alpha", 0.0) or 0.0)
+    beta = float(ctx_attrs.get("_act_beta", 0.0) or 0.0)
+    codes = {None: 0, "Relu": 1, "LeakyRelu": 2, "Clip": 3}
+    return (codes[act], alpha, beta) if act in codes else None

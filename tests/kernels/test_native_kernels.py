@@ -1,0 +1,124 @@
+"""The native C loops (kernels/csrc) against the numpy paths of the same kernels (themselves checked
+against onnx.reference in the family tests), over many window geometries."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from kernel_check import check, randn, run_kernel
+from omrt.compiler.native import build
+from omrt.kernels import OpContext, TensorInfo, lookup
+from omrt.kernelstore import load
+
+SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+@pytest.fixture(scope="module")
+def native():
+    record = build(["conv", "pool"], lambda msg: None)
+    if record is None:
+        pytest.skip("no C compiler on this host")
+    library = load([record], trusted=True)
+    assert record.status == "loaded", record.status
+    return library
+
+
+def agree(op_type: str, inputs: list, attrs: dict, native) -> np.ndarray:
+    """The native path's output, asserted equal (to rounding) to the numpy path's."""
+    got = run_kernel(op_type, inputs, attrs, native=native, n_outputs=1)[0]
+    want = run_kernel(op_type, inputs, attrs, n_outputs=1)[0]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=f"{op_type} {attrs}")
+    return got
+
+
+def _uses_native(op_type: str, x: np.ndarray, w: np.ndarray | None, attrs: dict, native) -> bool:
+    """Whether the kernel built for these inputs takes its native path."""
+    ctx = OpContext(dict(attrs), 21, name="t", op_type=op_type, native=native)
+    infos = [TensorInfo(a.dtype, a.shape) for a in ([x] if w is None else [x, w])]
+    cls = lookup(op_type, 21)
+    kernel = cls(ctx, infos, cls.infer(ctx, infos))
+    return (kernel.c_pool if op_type != "Conv" else kernel.c_depthwise) is not None
+
+
+@st.composite
+def windows(draw, max_kernel: int = 4):
+    kh, kw = draw(st.integers(1, max_kernel)), draw(st.integers(1, max_kernel))
+    sh, sw = draw(st.integers(1, 3)), draw(st.integers(1, 3))
+    pads = [draw(st.integers(0, k - 1)) for k in (kh, kw, kh, kw)]
+    h = draw(st.integers(kh, 12))
+    w = draw(st.integers(kw, 12))
+    return {"kernel_shape": [kh, kw], "strides": [sh, sw], "pads": pads}, (h, w)
+
+
+@SETTINGS
+@given(windows(), st.booleans(), st.integers(1, 3))
+def test_max_pool_matches_reference(native, window, ceil_mode, planes):
+    attrs, (h, w) = window
+    attrs = {**attrs, "ceil_mode": int(ceil_mode)}
+    x = randn(1, planes, h, w)
+    assert _uses_native("MaxPool", x, None, attrs, native)
+    agree("MaxPool", [x], attrs, native)
+
+
+@SETTINGS
+@given(windows(), st.booleans(), st.booleans())
+def test_average_pool_matches_reference(native, window, ceil_mode, include_pad):
+    attrs, (h, w) = window
+    attrs = {**attrs, "ceil_mode": int(ceil_mode), "count_include_pad": int(include_pad)}
+    x = randn(2, 3, h, w)
+    agree("AveragePool", [x], attrs, native)
+
+
+def test_pools_match_reference(native):
+    x = randn(1, 4, 13, 11)
+    for op in ("MaxPool", "AveragePool"):
+        for attrs in ({"kernel_shape": [3, 3], "strides": [2, 2]},
+                      {"kernel_shape": [3, 2], "strides": [1, 2], "pads": [1, 0, 1, 1]},
+                      {"kernel_shape": [2, 2], "strides": [2, 2], "dilations": [2, 1]}):
+            if op == "AveragePool" and "dilations" in attrs:
+                continue
+            check(op, [x], attrs, native=native)
+
+
+def test_max_pool_propagates_nan_like_numpy(native):
+    x = randn(1, 2, 6, 6)
+    x[0, 0, 2, 3] = np.nan
+    attrs = {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}
+    got = agree("MaxPool", [x], attrs, native)
+    assert np.isnan(got[0, 0, 1, 1:3]).all() and np.isnan(got).sum() == 2
+
+
+@SETTINGS
+@given(windows(5), st.integers(1, 2), st.sampled_from([None, "Relu", "Clip", "LeakyRelu"]),
+       st.integers(1, 2), st.booleans())
+def test_depthwise_conv_matches_reference(native, window, dilation, act, mult, bias):
+    attrs, (h, w) = window
+    kh, kw = attrs["kernel_shape"]
+    if (kh - 1) * dilation + 1 > h + attrs["pads"][0] + attrs["pads"][2] or \
+            (kw - 1) * dilation + 1 > w + attrs["pads"][1] + attrs["pads"][3]:
+        return
+    channels = 3
+    attrs = {**attrs, "dilations": [dilation, dilation], "group": channels}
+    x = randn(2, channels, h, w)
+    weight = randn(channels * mult, 1, kh, kw)
+    inputs = [x, weight] + ([randn(channels * mult)] if bias else [])
+    fused = {} if act is None else {"_act": act, "_act_alpha": -0.5 if act == "Clip" else 0.1,
+                                    "_act_beta": 0.5 if act == "Clip" else 0.0}
+    assert _uses_native("Conv", x, weight, {**attrs, **fused}, native)
+    agree("Conv", inputs, {**attrs, **fused}, native)
+
+
+def test_depthwise_conv_matches_reference(native):
+    x, weight, bias = randn(1, 8, 10, 9), randn(16, 1, 3, 3), randn(16)
+    for attrs in ({"pads": [1, 1, 1, 1]}, {"strides": [2, 2], "pads": [0, 1, 2, 1]},
+                  {"dilations": [2, 2], "pads": [2, 2, 2, 2]}):
+        check("Conv", [x, weight, bias], {**attrs, "group": 8}, native=native, rtol=1e-5, atol=1e-5)
+
+
+def test_sigmoid_fused_depthwise_keeps_numpy_path(native):
+    x, weight = randn(1, 4, 8, 8), randn(4, 1, 3, 3)
+    attrs = {"group": 4, "pads": [1, 1, 1, 1], "_act": "Sigmoid"}
+    assert not _uses_native("Conv", x, weight, attrs, native)

@@ -1,0 +1,171 @@
+"""Native kernels packed in the .om: build, KERNELS partition, trust, host checks, loading from memory."""
+
+from __future__ import annotations
+
+import struct
+import subprocess
+import sys
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import omrt
+from omrt import kernelstore
+from omrt.compiler import native as native_build
+from omrt.format import HEADER, OmFile, Part
+from omrt.kernels.native import KERNEL_ABI
+
+RNG = np.random.default_rng(3)
+DW = RNG.standard_normal((8, 1, 3, 3)).astype(np.float32)
+DB = RNG.standard_normal(8).astype(np.float32)
+
+
+def cnn_model() -> onnx.ModelProto:
+    """x[1,8,12,12] -> depthwise Conv+Relu -> MaxPool -> AveragePool -> y."""
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], group=8, pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["r"]),
+             helper.make_node("MaxPool", ["r"], ["m"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]),
+             helper.make_node("AveragePool", ["m"], ["y"], kernel_shape=[2, 2], strides=[1, 1])]
+    g = helper.make_graph(nodes, "cnn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 12, 12])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                          [numpy_helper.from_array(DW, "w"), numpy_helper.from_array(DB, "b")])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def reference(x: np.ndarray) -> np.ndarray:
+    from onnx.reference import ReferenceEvaluator
+
+    return ReferenceEvaluator(cnn_model()).run(None, {"x": x})[0]
+
+
+@pytest.fixture(scope="module")
+def cnn_om(tmp_path_factory) -> str:
+    if native_build.compiler() is None:
+        pytest.skip("no C compiler on this host")
+    path = str(tmp_path_factory.mktemp("native") / "cnn.om")
+    omrt.compile(cnn_model(), path)
+    return path
+
+
+def _kernels_partition(path: str) -> bytes:
+    f = OmFile(path)
+    try:
+        return bytes(f.view(Part.KERNELS))
+    finally:
+        f.close()
+
+
+def test_compile_packs_only_the_units_the_model_uses(cnn_om, tmp_path):
+    records = kernelstore.unpack(memoryview(_kernels_partition(cnn_om)), cnn_om)
+    assert [(r.kind, r.name, r.vendor, r.units) for r in records] == [(1, "omrt-native", "omrt", ["conv", "pool"])]
+    target = records[0].target
+    assert target["abi"] == KERNEL_ABI and target["os"] and target["compiler"]
+    assert records[0].data[:4] == b"\x7fELF"
+    with open(cnn_om, "rb") as f:
+        assert HEADER.unpack(f.read(HEADER.size))[3] == 1  # flags: kind 1 (native library) present
+    mlp = str(tmp_path / "mlp.om")
+    from tests.conftest import mlp_model
+    omrt.compile(mlp_model(4), mlp)
+    assert kernelstore.unpack(memoryview(_kernels_partition(mlp)), mlp) == []
+
+
+def test_untrusted_kernels_do_not_run_and_say_how_to_trust(cnn_om):
+    x = RNG.standard_normal((1, 8, 12, 12)).astype(np.float32)
+    plain = omrt.load(cnn_om)
+    assert plain.native is None
+    assert plain.kernels[0].status == "not loaded: not trusted: load with trust_kernels=True to run it"
+    trusted = omrt.load(cnn_om, trust_kernels=True)
+    assert trusted.kernels[0].status == "loaded" and trusted.native is not None
+    conv = next(k for k in trusted.default.kernels if type(k).__name__ == "Conv")
+    assert conv.c_depthwise is not None
+    want = reference(x)
+    for model in (plain, trusted):
+        np.testing.assert_allclose(model.session().run({"x": x})["y"], want, rtol=1e-5, atol=1e-5)
+
+
+def test_same_library_loads_once_per_process(cnn_om):
+    a, b = omrt.load(cnn_om, trust_kernels=True), omrt.load(cnn_om, trust_kernels=True)
+    assert a.native is not b.native  # registered per model...
+    assert a.native._cdll is b.native._cdll  # ...loaded once
+
+
+def test_compile_without_native_kernels(tmp_path):
+    path = str(tmp_path / "plain.om")
+    omrt.compile(cnn_model(), path, native=False)
+    assert omrt.load(path, trust_kernels=True).kernels == []
+
+
+def test_no_c_compiler_warns_and_still_compiles(tmp_path, monkeypatch):
+    monkeypatch.setattr(native_build, "compiler", lambda: None)
+    path = str(tmp_path / "nocc.om")
+    with pytest.warns(RuntimeWarning, match=r"no C compiler found \(set CC or install cc\); the model is "
+                                            r"compiled without native kernels \(conv, pool\)"):
+        omrt.compile(cnn_model(), path)
+    model = omrt.load(path, trust_kernels=True)
+    assert model.kernels == []
+    x = RNG.standard_normal((1, 8, 12, 12)).astype(np.float32)
+    np.testing.assert_allclose(model.session().run({"x": x})["y"], reference(x), rtol=1e-5, atol=1e-5)
+
+
+def test_failing_c_compiler_warns_with_its_message(tmp_path, monkeypatch):
+    monkeypatch.setattr(native_build, "FLAGS", native_build.FLAGS + ["-DOMRT_NO_SUCH=\"", "-fno-such-flag"])
+    with pytest.warns(RuntimeWarning, match="building native kernels failed, the model runs on numpy kernels"):
+        omrt.compile(cnn_model(), str(tmp_path / "bad.om"))
+
+
+@pytest.mark.parametrize("change, why", [
+    ({"abi": KERNEL_ABI + 1}, f"built for kernel ABI {KERNEL_ABI + 1}, this omrt has {KERNEL_ABI}"),
+    ({"os": "Plan9"}, "built for Plan9, this host runs"),
+    ({"libc_version": "999.0"}, "needs glibc 999.0, this host has"),
+])
+def test_host_mismatch_is_refused_with_the_reason(cnn_om, change, why):
+    record = kernelstore.unpack(memoryview(_kernels_partition(cnn_om)), cnn_om)[0]
+    if change.get("libc_version") and record.target.get("libc") != "glibc":
+        pytest.skip("not a glibc host")
+    record.target = {**record.target, **change}
+    assert kernelstore.load([record], trusted=True) is None
+    assert record.status.startswith("not loaded: " + why)
+
+
+def test_foreign_machine_code_is_refused(cnn_om):
+    record = kernelstore.unpack(memoryview(_kernels_partition(cnn_om)), cnn_om)[0]
+    data = bytearray(record.data)
+    struct.pack_into("<H", data, 18, 183)  # EM_AARCH64 (or x86-64 on an aarch64 host)
+    if kernelstore.elf_identity(bytes(data)) == kernelstore.elf_identity(record.data):
+        struct.pack_into("<H", data, 18, 62)
+    record.data = bytes(data)
+    assert kernelstore.load([record], trusted=True) is None
+    assert "ELF class/byte order/machine" in record.status
+    record.data = b"MZ not an elf"
+    kernelstore.load([record], trusted=True)
+    assert record.status == "not loaded: not an ELF shared library"
+
+
+@pytest.mark.parametrize("cut, why", [(2, "no record count"), (10, "record 0 is cut short"),
+                                      (-1, "record 0 runs past the partition's end")])
+def test_damaged_store_is_a_format_error(cnn_om, cut, why):
+    data = _kernels_partition(cnn_om)
+    with pytest.raises(omrt.FormatError, match=f"the KERNELS partition is damaged \\({why}\\); recompile"):
+        kernelstore.unpack(memoryview(data[:cut]), "m.om")
+    bad = bytearray(data)
+    bad[4] ^= 0xFF
+    with pytest.raises(omrt.FormatError, match=r"record 0 has a bad magic"):
+        kernelstore.unpack(memoryview(bytes(bad)), "m.om")
+
+
+def test_trusted_runtime_needs_no_onnx(cnn_om):
+    code = ("import sys\n"
+            "class Block:\n"
+            "    def find_spec(self, name, path=None, target=None):\n"
+            "        if name.split('.')[0] in ('onnx', 'onnxruntime'):\n"
+            "            raise ImportError('blocked: ' + name)\n"
+            "sys.meta_path.insert(0, Block())\n"
+            "import numpy as np, omrt\n"
+            f"m = omrt.load({cnn_om!r}, trust_kernels=True)\n"
+            "y = m.session().run({'x': np.ones((1, 8, 12, 12), np.float32)})['y']\n"
+            "print(m.kernels[0].status, y.shape)\n")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "loaded (1, 8, 5, 5)"
