@@ -148,17 +148,22 @@ _lock = threading.Lock()
 
 
 def _from_memory(data: bytes) -> ctypes.CDLL:
-    """dlopen `data` through an anonymous in-memory file; the same bytes load once per process."""
+    """dlopen `data` through an anonymous in-memory file; the same bytes load once per process.
+
+    The file stays open as long as the process: the dynamic loader knows a library by its path,
+    and a closed descriptor's number (hence path) would be reused for the next library."""
     key = hashlib.sha256(data).digest()
     with _lock:
         lib = _loaded.get(key)
         if lib is None:
             fd = os.memfd_create("omrt-kernels", getattr(os, "MFD_CLOEXEC", 0))
             try:
-                os.write(fd, data)
+                with open(fd, "wb", closefd=False) as f:
+                    f.write(data)
                 lib = ctypes.CDLL(f"/proc/self/fd/{fd}")
-            finally:
+            except OSError:
                 os.close(fd)
+                raise
             _loaded[key] = lib
         return lib
 
