@@ -169,3 +169,43 @@ def test_trusted_runtime_needs_no_onnx(cnn_om):
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip() == "loaded (1, 8, 5, 5)"
+
+
+W1 = RNG.standard_normal((32, 16, 3, 3)).astype(np.float32) * 0.2
+W2 = RNG.standard_normal((24, 32, 3, 3)).astype(np.float32) * 0.2
+B2 = RNG.standard_normal(24).astype(np.float32)
+
+
+def winograd_model() -> onnx.ModelProto:
+    """x[2,16,15,13] -> Conv3x3+Relu (16->32) -> Conv3x3 (32->24, bias) -> MaxPool -> y."""
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c1"], ["r1"]),
+             helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"], pads=[0, 1, 2, 0]),
+             helper.make_node("MaxPool", ["c2"], ["y"], kernel_shape=[2, 2], strides=[2, 2])]
+    g = helper.make_graph(nodes, "wino", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 16, 15, 13])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                          [numpy_helper.from_array(W1, "w1"), numpy_helper.from_array(W2, "w2"),
+                           numpy_helper.from_array(B2, "b2")])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_winograd_network_matches_reference(cnn_om, tmp_path, threads):
+    from onnx.reference import ReferenceEvaluator
+
+    path = str(tmp_path / "wino.om")
+    omrt.compile(winograd_model(), path)
+    x = RNG.standard_normal((2, 16, 15, 13)).astype(np.float32)
+    want = ReferenceEvaluator(winograd_model()).run(None, {"x": x})[0]
+    omrt.set_num_threads(threads)
+    try:
+        for trust in (False, True):
+            model = omrt.load(path, trust_kernels=trust)
+            assert [n.op_type for n in model.graph.nodes].count("WinogradConv") == 2
+            assert model.kernels[0].units == ["pool", "winograd"]
+            convs = [k for k in model.default.kernels if type(k).__name__ == "WinogradConv"]
+            assert all((k.c_winograd is not None) == trust for k in convs)
+            got = model.session().run({"x": x})["y"]
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    finally:
+        omrt.set_num_threads(1)

@@ -8,9 +8,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kernel_check import check, randn, run_kernel
+from kernel_check import check, randn, reference, run_kernel
+import omrt
 from omrt.compiler.native import build
-from omrt.kernels import OpContext, TensorInfo, lookup
+from omrt.kernels import OpContext, TensorInfo, lookup, winograd
 from omrt.kernelstore import load
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -18,7 +19,7 @@ SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[Healt
 
 @pytest.fixture(scope="module")
 def native():
-    record = build(["conv", "pool"], lambda msg: None)
+    record = build(["conv", "pool", "winograd"], lambda msg: None)
     if record is None:
         pytest.skip("no C compiler on this host")
     library = load([record], trusted=True)
@@ -122,3 +123,58 @@ def test_sigmoid_fused_depthwise_keeps_numpy_path(native):
     x, weight = randn(1, 4, 8, 8), randn(4, 1, 3, 3)
     attrs = {"group": 4, "pads": [1, 1, 1, 1], "_act": "Sigmoid"}
     assert not _uses_native("Conv", x, weight, attrs, native)
+
+
+def _activated(y: np.ndarray, act: str | None) -> np.ndarray:
+    if act == "Relu":
+        return np.maximum(y, 0)
+    if act == "Clip":
+        return np.clip(y, -0.5, 0.5)
+    if act == "LeakyRelu":
+        return np.where(y < 0, y * 0.1, y)
+    return y
+
+
+ACTS = {None: {}, "Relu": {"_act": "Relu"}, "Clip": {"_act": "Clip", "_act_alpha": -0.5, "_act_beta": 0.5},
+        "LeakyRelu": {"_act": "LeakyRelu", "_act_alpha": 0.1}}
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.integers(1, 2), st.integers(16, 20), st.integers(16, 80), st.integers(1, 11), st.integers(1, 11),
+       st.lists(st.integers(0, 2), min_size=4, max_size=4), st.sampled_from(sorted(ACTS, key=str)),
+       st.booleans(), st.integers(1, 2), st.sampled_from([None, 3]))
+def test_winograd_conv_matches_reference(native, monkeypatch, n, c, f, h, w, pads, act, bias, threads,
+                                         tiles_per_chunk):
+    if h + pads[0] + pads[2] < 3 or w + pads[1] + pads[3] < 3:
+        return
+    if tiles_per_chunk:
+        monkeypatch.setattr(winograd, "SCRATCH_CAP", 16 * (c + min(f, 64)) * 4 * tiles_per_chunk)
+    x, weight = randn(n, c, h, w), randn(f, c, 3, 3)
+    b = randn(f) if bias else None
+    u = winograd.filter_transform(weight)
+    attrs = {"pads": pads}
+    assert winograd.eligible({**attrs, **ACTS[act]}, TensorInfo(x.dtype, x.shape), weight)
+    omrt.set_num_threads(threads)
+    try:
+        ctx = OpContext({**attrs, **ACTS[act]}, 1, name="t", op_type="WinogradConv", native=native)
+        infos = [TensorInfo(x.dtype, x.shape), TensorInfo(weight.dtype, weight.shape),
+                 None if b is None else TensorInfo(b.dtype, b.shape), TensorInfo(u.dtype, u.shape)]
+        kernel = winograd.WinogradConv(ctx, infos, winograd.WinogradConv.infer(ctx, infos))
+        assert kernel.c_winograd is not None
+        y = np.full(kernel.outputs[0].shape, np.nan, np.float32)
+        kernel.run([x, weight, b, u], [y], np.full(kernel.workspace(), 0xCD, np.uint8))
+    finally:
+        omrt.set_num_threads(1)
+    want = _activated(reference("Conv", [x, weight] + ([b] if bias else []), attrs)[0], act)
+    np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-4)
+
+
+def test_winograd_needs_a_3x3_stride_1_dense_float_layer():
+    x, w = TensorInfo(np.dtype(np.float32), (1, 16, 8, 8)), randn(16, 16, 3, 3)
+    assert winograd.eligible({}, x, w)
+    assert not winograd.eligible({"strides": [2, 2]}, x, w)
+    assert not winograd.eligible({"dilations": [2, 2]}, x, w)
+    assert not winograd.eligible({"_act": "Sigmoid"}, x, w)
+    assert not winograd.eligible({}, x, randn(16, 16, 5, 5))
+    assert not winograd.eligible({}, TensorInfo(np.dtype(np.float32), (1, 8, 8, 8)), randn(16, 8, 3, 3))
+    assert not winograd.eligible({"group": 2}, TensorInfo(np.dtype(np.float32), (1, 32, 8, 8)), w)

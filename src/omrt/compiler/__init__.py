@@ -21,7 +21,7 @@ from ..ir import Graph
 from ..lower import Program, lower
 from ..modeldef import encode, weight_layout, weights
 from .importer import import_model, load_model
-from .native import build, units_of
+from .native import native_library
 from .passes import optimize
 
 
@@ -74,11 +74,11 @@ def compile_model(model: Any, output: str | os.PathLike, shapes: Mapping[str, Se
     propagate(graph, fold=True)
     say("fusing")
     optimize(graph)
+    library = native_library(graph, say) if native else None
     program = None
     if all(graph.infos[v].static for v in graph.inputs if graph.infos[v].is_tensor):
         say("planning memory")
         program = lower(graph)
-    library = build(units_of(graph), say) if native else None
     records = [library] if library is not None else []
     constants = weights(graph)
     layout = weight_layout(constants)
