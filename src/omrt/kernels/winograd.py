@@ -27,7 +27,8 @@ G = np.array([[1.0, 0.0, 0.0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0.0, 0.0, 1.0
 """The filter transform of F(2x2, 3x3) (interpolation points 0, 1, -1 and infinity)."""
 
 SCRATCH_CAP = 1 << 20
-"""Bytes of transformed input and products one thread holds: tiles go in chunks under it."""
+"""Bytes of transformed input and products a layer holds, shared by its threads: tiles go in
+chunks under it (so that the workspace, hence the arena, does not grow with the threads)."""
 
 FILTERS_PER_PASS = 64
 """Filters multiplied and transformed back per pass over a chunk: keeps the products small, so
@@ -69,17 +70,20 @@ class WinogradConv(Conv):
         self.tiles = math.prod(self.tile_grid)
         self.passes = [(f, min(f + FILTERS_PER_PASS, self.filters))
                        for f in range(0, self.filters, FILTERS_PER_PASS)]
-        per_tile = 16 * (channels + min(self.filters, FILTERS_PER_PASS)) * 4
-        self.per_chunk = max(1, min(self.tiles, SCRATCH_CAP // per_tile))
         tw = self.tile_grid[1]
         self.rows_bytes = _align(max(8 * (2 * tw + 2), 4 * tw) * 4)
-        self.slot_bytes = self._slot(self.per_chunk)
-        self.nbytes = max(self.nbytes, parallel.MAX_SLOTS * self.slot_bytes)
+        self.nbytes = max(self.nbytes, max(t * self._slot(self._per_chunk(t))
+                                           for t in range(1, parallel.MAX_SLOTS + 1)))
         act = activation_code(ctx.attrs)
         native = ctx.native
         fns = (native.get(TRANSFORM_IN), native.get(TRANSFORM_OUT)) if native is not None else (None, None)
         self.c_winograd = fns + (act,) if None not in fns and act is not None else None
-        self.chunk_plans: dict[int, list[tuple[int, int]]] = {}
+        self.plans: dict[int, tuple[list[tuple[int, int]], int, int]] = {}
+
+    def _per_chunk(self, threads: int) -> int:
+        """Tiles per chunk for each of `threads` threads under their share of SCRATCH_CAP."""
+        per_tile = 16 * (self.inputs[0].shape[1] + min(self.filters, FILTERS_PER_PASS)) * 4
+        return max(1, min(self.tiles, SCRATCH_CAP // threads // per_tile))
 
     def _slot(self, n: int) -> int:
         """Scratch bytes of one thread for chunks of `n` tiles: V, the products, and rows."""
@@ -87,12 +91,14 @@ class WinogradConv(Conv):
         return (_align(16 * channels * n * 4) + _align(16 * min(self.filters, FILTERS_PER_PASS) * n * 4)
                 + self.rows_bytes)
 
-    def _chunks(self, threads: int) -> list[tuple[int, int]]:
-        """Tile ranges: at most per_chunk tiles each, and at least one per thread when possible."""
-        plan = self.chunk_plans.get(threads)
+    def _plan(self, threads: int) -> tuple[list[tuple[int, int]], int, int]:
+        """(tile ranges, tiles per chunk, bytes per thread) on `threads` threads: chunks of at most
+        _per_chunk(threads) tiles, and at least one per thread when there are enough tiles."""
+        plan = self.plans.get(threads)
         if plan is None:
-            count = max(-(-self.tiles // self.per_chunk), min(threads, self.tiles))
-            plan = self.chunk_plans[threads] = parallel.spans(self.tiles, count)
+            per_chunk = self._per_chunk(threads)
+            count = max(-(-self.tiles // per_chunk), min(threads, self.tiles))
+            plan = self.plans[threads] = (parallel.spans(self.tiles, count), per_chunk, self._slot(per_chunk))
         return plan
 
     def run(self, inputs, outputs, workspace):
@@ -109,19 +115,19 @@ class WinogradConv(Conv):
         (oh, ow), (pt, pl) = self.win.out, self.win.begin
         tw = self.tile_grid[1]
         threads = min(parallel.get_num_threads(), parallel.MAX_SLOTS)
-        chunks = self._chunks(threads)
+        chunks, per_chunk, slot_bytes = self._plan(threads)
         image_in, image_out = channels * height * width * 4, self.filters * oh * ow * 4
         src, dst, bias = address(x), address(y), 0 if b is None else address(b)
-        flat = workspace[:parallel.MAX_SLOTS * self.slot_bytes].view(np.float32)
-        v_floats = _align(16 * channels * self.per_chunk * 4) // 4
+        flat = workspace[:threads * slot_bytes].view(np.float32)
+        v_floats = _align(16 * channels * per_chunk * 4) // 4
 
         def chunk(j: int, slot: int) -> None:
             i, (t0, t1) = divmod(j, len(chunks))[0], chunks[j % len(chunks)]
             n = t1 - t0
-            base = slot * self.slot_bytes // 4
+            base = slot * slot_bytes // 4
             v = flat[base:base + 16 * channels * n].reshape(16, channels, n)
             products = base + v_floats
-            rows = address(workspace) + self.slot_bytes * (slot + 1) - self.rows_bytes
+            rows = address(workspace) + slot_bytes * (slot + 1) - self.rows_bytes
             transform_in(src + i * image_in, address(v), rows, channels, height, width, pt, pl, tw, t0, t1)
             for f0, f1 in self.passes:
                 m = flat[products:products + 16 * (f1 - f0) * n].reshape(16, f1 - f0, n)
