@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import os
 import platform
 import shutil
@@ -64,6 +66,11 @@ def _compiler_version(cc: str) -> str:
         return cc
 
 
+_built: dict[str, Packed] = {}
+"""Libraries built in this process, by compiler, flags and source text: compiling many models
+builds each set of units once."""
+
+
 def build(units: list[str], say: Callable[[str], None]) -> Packed | None:
     """Compile `units` into a shared library record; None (with a warning) when that cannot be done.
 
@@ -78,6 +85,20 @@ def build(units: list[str], say: Callable[[str], None]) -> Packed | None:
                       f"without native kernels ({', '.join(units)}) and runs on numpy kernels only",
                       RuntimeWarning, stacklevel=3)
         return None
+    key = hashlib.sha256(repr((cc, FLAGS, units)).encode())
+    for name in sorted(os.listdir(SOURCES)):
+        with open(os.path.join(SOURCES, name), "rb") as f:
+            key.update(name.encode() + f.read())
+    hit = _built.get(key.hexdigest())
+    if hit is None:
+        hit = _compile(cc, units, say)
+        if hit is None:
+            return None
+        _built[key.hexdigest()] = hit
+    return dataclasses.replace(hit)
+
+
+def _compile(cc: str, units: list[str], say: Callable[[str], None]) -> Packed | None:
     say(f"building native kernels ({', '.join(units)}) with {cc}")
     sources = [os.path.join(SOURCES, f"{u}.c") for u in units]
     with tempfile.TemporaryDirectory(prefix="omrt-build-") as tmp:
@@ -91,7 +112,7 @@ def build(units: list[str], say: Callable[[str], None]) -> Packed | None:
         if done is None or done.returncode != 0:
             error = done.stderr.strip() if done is not None else error
             warnings.warn(f"omrt compile: building native kernels failed, the model runs on numpy "
-                          f"kernels only:\n{' '.join(cmd)}\n{error}", RuntimeWarning, stacklevel=3)
+                          f"kernels only:\n{' '.join(cmd)}\n{error}", RuntimeWarning, stacklevel=4)
             return None
         with open(target, "rb") as f:
             data = f.read()
