@@ -36,9 +36,11 @@ def threads(request):
     omrt.set_num_threads(1)
 
 
+@pytest.mark.parametrize("trust", [False, True], ids=["numpy", "native"])
 @pytest.mark.parametrize("name, rtol, atol", LIGHT)
-def test_light_model_matches_expected_output(compiled, name, rtol, atol, threads):
-    model = omrt.load(compiled(name))
+def test_light_model_matches_expected_output(compiled, name, rtol, atol, threads, trust):
+    model = omrt.load(compiled(name), trust_kernels=trust)
+    assert (model.native is not None) == trust
     verify(model.default.program, model.default.graph)
     (spec_in,), (spec_out,) = model.inputs, model.outputs
     x = backend_input(tuple(spec_in.shape))
