@@ -20,17 +20,20 @@ from omrt.kernels.native import KERNEL_ABI
 RNG = np.random.default_rng(3)
 DW = RNG.standard_normal((8, 1, 3, 3)).astype(np.float32)
 DB = RNG.standard_normal(8).astype(np.float32)
+DENSE = RNG.standard_normal((4, 8, 3, 3)).astype(np.float32)
 
 
 def cnn_model() -> onnx.ModelProto:
-    """x[1,8,12,12] -> depthwise Conv+Relu -> MaxPool -> AveragePool -> y."""
+    """x[1,8,12,12] -> depthwise Conv+Relu -> MaxPool -> AveragePool -> strided dense Conv -> y."""
     nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], group=8, pads=[1, 1, 1, 1]),
              helper.make_node("Relu", ["c"], ["r"]),
              helper.make_node("MaxPool", ["r"], ["m"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]),
-             helper.make_node("AveragePool", ["m"], ["y"], kernel_shape=[2, 2], strides=[1, 1])]
+             helper.make_node("AveragePool", ["m"], ["a"], kernel_shape=[2, 2], strides=[1, 1]),
+             helper.make_node("Conv", ["a", "dense"], ["y"], strides=[2, 2], pads=[1, 0, 1, 1])]
     g = helper.make_graph(nodes, "cnn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 12, 12])],
                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
-                          [numpy_helper.from_array(DW, "w"), numpy_helper.from_array(DB, "b")])
+                          [numpy_helper.from_array(DW, "w"), numpy_helper.from_array(DB, "b"),
+                           numpy_helper.from_array(DENSE, "dense")])
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
 
 
@@ -78,8 +81,8 @@ def test_untrusted_kernels_do_not_run_and_say_how_to_trust(cnn_om):
     assert plain.kernels[0].status == "not loaded: not trusted: load with trust_kernels=True to run it"
     trusted = omrt.load(cnn_om, trust_kernels=True)
     assert trusted.kernels[0].status == "loaded" and trusted.native is not None
-    conv = next(k for k in trusted.default.kernels if type(k).__name__ == "Conv")
-    assert conv.c_depthwise is not None
+    depthwise, dense = (k for k in trusted.default.kernels if type(k).__name__ == "Conv")
+    assert depthwise.c_depthwise is not None and dense.c_im2col is not None
     want = reference(x)
     for model in (plain, trusted):
         np.testing.assert_allclose(model.session().run({"x": x})["y"], want, rtol=1e-5, atol=1e-5)
@@ -168,7 +171,7 @@ def test_trusted_runtime_needs_no_onnx(cnn_om):
             "print(m.kernels[0].status, y.shape)\n")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
-    assert res.stdout.strip() == "loaded (1, 8, 5, 5)"
+    assert res.stdout.strip() == "loaded (1, 4, 3, 2)"
 
 
 W1 = RNG.standard_normal((32, 16, 3, 3)).astype(np.float32) * 0.2

@@ -119,6 +119,22 @@ def test_depthwise_conv_matches_reference(native):
         check("Conv", [x, weight, bias], {**attrs, "group": 8}, native=native, rtol=1e-5, atol=1e-5)
 
 
+@SETTINGS
+@given(windows(5), st.integers(1, 2), st.sampled_from([1, 2]), st.booleans())
+def test_im2col_conv_matches_numpy_path(native, window, dilation, group, bias):
+    attrs, (h, w) = window
+    kh, kw = attrs["kernel_shape"]
+    if (kh - 1) * dilation + 1 > h + attrs["pads"][0] + attrs["pads"][2] or \
+            (kw - 1) * dilation + 1 > w + attrs["pads"][1] + attrs["pads"][3] or kh * kw == 1:
+        return
+    attrs = {**attrs, "dilations": [dilation, dilation], "group": group}
+    x, weight = randn(2, 4, h, w), randn(6, 4 // group, kh, kw)
+    ctx = OpContext(dict(attrs), 21, name="t", op_type="Conv", native=native)
+    infos = [TensorInfo(x.dtype, x.shape), TensorInfo(weight.dtype, weight.shape)]
+    assert lookup("Conv", 21)(ctx, infos, lookup("Conv", 21).infer(ctx, infos)).c_im2col is not None
+    agree("Conv", [x, weight] + ([randn(6)] if bias else []), attrs, native)
+
+
 def test_sigmoid_fused_depthwise_keeps_numpy_path(native):
     x, weight = randn(1, 4, 8, 8), randn(4, 1, 3, 3)
     attrs = {"group": 4, "pads": [1, 1, 1, 1], "_act": "Sigmoid"}

@@ -35,6 +35,7 @@ smaller ones the pass costs less than a handoff."""
 _ACTIVATIONS = frozenset({"Relu", "LeakyRelu", "Clip", "Sigmoid", "Tanh", "HardSigmoid"})
 
 DWCONV2D = Function("conv", "omrt_dwconv2d_f32", (PTR,) * 5 + (I64,) * 17 + (F32, F32))
+IM2COL2D = Function("conv", "omrt_im2col_f32", (PTR, PTR) + (I64,) * 15)
 
 DEPTHWISE_SPLIT = 1 << 21
 """Depthwise layers with outputs at least this big spread their channels over omrt's threads."""
@@ -368,6 +369,7 @@ class Conv(Kernel):
                      and all(b == 0 for b in self.win.begin) and self.win.out == self.win.size)
         self.mode = "pointwise" if pointwise else "im2col"
         self.c_depthwise = self._depthwise(ctx, x, channels, filters)
+        self.c_im2col = self._native_im2col(ctx, x)
         self.filters = filters // self.group
         self.inner = math.prod(self.win.out[1:])
         self.row_bytes = channels * math.prod(kernel) * self.inner * x.dtype.itemsize
@@ -410,6 +412,15 @@ class Conv(Kernel):
         geometry = (filters, filters // channels, *win.size, *win.out, *win.kernel, *win.strides,
                     *win.dilations, *win.begin, *act)
         return None if fn is None else (fn, geometry)
+
+    def _native_im2col(self, ctx: OpContext, x: TensorInfo) -> tuple | None:
+        """(C function, geometry arguments) that gather a 2-d float32 layer's columns in one call
+        per chunk (instead of a numpy copy per tap), when the model has it; else None."""
+        fn = ctx.native.get(IM2COL2D) if ctx.native is not None else None
+        if fn is None or self.mode != "im2col" or x.rank != 4 or x.dtype != np.float32:
+            return None
+        win = self.win
+        return fn, (x.shape[1], *win.size, win.out[1], *win.kernel, *win.strides, *win.dilations, *win.begin)
 
     def _padded_extent(self, channels: int, itemsize: int) -> tuple[int, ...] | None:
         """Spatial extent of the zero-padded image a strided gather reads (None: gather by taps)."""
@@ -568,7 +579,7 @@ class Conv(Kernel):
         nbytes = math.prod(shape) * x.dtype.itemsize
         buffers = []
         image = None
-        if self.padded is not None:
+        if self.padded is not None and self.c_im2col is None:
             image = workspace[:c * math.prod(self.padded) * x.dtype.itemsize].view(x.dtype)
             image = image.reshape((c,) + self.padded)
         for slot in range(slots):
@@ -581,6 +592,11 @@ class Conv(Kernel):
 
         def gather(i: int, chunk: _Chunk, slot: int) -> None:
             cols, flat, _ = buffers[slot]
+            if self.c_im2col is not None:
+                fn, geometry = self.c_im2col
+                fn(address(x) + i * x[0].nbytes, address(cols), split.step * inner, chunk.first, chunk.last,
+                   *geometry)
+                return
             if image is not None:
                 self._strided_gather(image, cols, chunk)
                 return

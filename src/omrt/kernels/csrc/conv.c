@@ -1,4 +1,5 @@
-/* Depthwise 2-D convolution: every output channel reads one input channel. */
+/* Convolution loops: depthwise 2-D convolution (every output channel reads one input channel),
+ * and the im2col gather of the dense layers that BLAS then multiplies. */
 #include <string.h>
 
 #include "omrt_native.h"
@@ -78,4 +79,37 @@ OMRT_EXPORT OMRT_HOT void omrt_dwconv2d_f32(const float *x, const float *w, cons
             plane_strided(xp, w + m * KH * KW, b, yp, lo, hi, H, W, OH, OW, KH, KW, SH, SW, DH, DW, PT, PL);
         omrt_activate(yp, OH * OW, act, alpha, beta);
     }
+}
+
+/* The im2col columns of output rows [r0, r1) of one image x (C x H x W): row (c, kh, kw) of
+ * `cols` (C*KH*KW rows, `pitch` floats apart) holds, for each output position (oh, ow) of those
+ * rows, the input element its window reads at tap (kh, kw), or 0 where that is padding. */
+OMRT_EXPORT OMRT_HOT void omrt_im2col_f32(const float *x, float *cols, int64_t pitch, int64_t r0, int64_t r1,
+                                          int64_t C, int64_t H, int64_t W, int64_t OW, int64_t KH,
+                                          int64_t KW, int64_t SH, int64_t SW, int64_t DH, int64_t DW,
+                                          int64_t PT, int64_t PL) {
+    int64_t lo[KW], hi[KW];
+    for (int64_t kw = 0; kw < KW; kw++) omrt_span(kw * DW - PL, W, SW, OW, &lo[kw], &hi[kw]);
+    for (int64_t c = 0; c < C; c++)
+        for (int64_t kh = 0; kh < KH; kh++)
+            for (int64_t kw = 0; kw < KW; kw++) {
+                float *dst = cols + ((c * KH + kh) * KW + kw) * pitch;
+                const int64_t shift = kw * DW - PL;
+                for (int64_t oh = r0; oh < r1; oh++, dst += OW) {
+                    const int64_t ih = oh * SH + kh * DH - PT;
+                    if (ih < 0 || ih >= H) {
+                        memset(dst, 0, (size_t)OW * sizeof(float));
+                        continue;
+                    }
+                    const float *src = x + (c * H + ih) * W;
+                    for (int64_t ow = 0; ow < lo[kw]; ow++) dst[ow] = 0.0f;
+                    if (SW == 1)
+                        memcpy(dst + lo[kw], src + lo[kw] + shift, (size_t)(hi[kw] - lo[kw]) * sizeof(float));
+                    else if (SW == 2)
+                        for (int64_t ow = lo[kw]; ow < hi[kw]; ow++) dst[ow] = src[2 * ow + shift];
+                    else
+                        for (int64_t ow = lo[kw]; ow < hi[kw]; ow++) dst[ow] = src[ow * SW + shift];
+                    for (int64_t ow = hi[kw]; ow < OW; ow++) dst[ow] = 0.0f;
+                }
+            }
 }
