@@ -139,6 +139,72 @@ def test_batchnorm_takes_a_following_scale_shift_and_relu(tmp_path):
     assert bn.op_type == "BatchNormalization" and bn.attrs["_act"] == "Relu"
 
 
+def _preactivation(scale, w, case="", **conv_attrs):
+    """x -> BatchNormalization(scale, ...) -> Relu -> Conv(w, bias) -> y, with x of shape (2, C, 5, 4).
+
+    `case` "stats_are_inputs" feeds the statistics as graph inputs; "training" sets training_mode.
+    """
+    c = scale.shape[0]
+    stats = {"s": scale, "b": RNG.standard_normal(c), "m": RNG.standard_normal(c), "v": RNG.random(c) + 0.5}
+    stats = {k: v.astype(np.float32) for k, v in stats.items()}
+    nodes = [helper.make_node("BatchNormalization", ["x", *stats], ["bn"],
+                              training_mode=int(case == "training")),
+             helper.make_node("Relu", ["bn"], ["r"]),
+             helper.make_node("Conv", ["r", "w", "cb"], ["y"], **conv_attrs)]
+    inits = [numpy_helper.from_array(w.astype(np.float32), "w"),
+             numpy_helper.from_array(RNG.standard_normal(w.shape[0]).astype(np.float32), "cb")]
+    feeds = {"x": RNG.standard_normal((2, c, 5, 4)).astype(np.float32)}
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, c, 5, 4])]
+    if case == "stats_are_inputs":
+        inputs += [helper.make_tensor_value_info(k, TensorProto.FLOAT, [c]) for k in stats]
+        feeds.update(stats)
+    else:
+        inits += [numpy_helper.from_array(v, k) for k, v in stats.items()]
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, w.shape[0], 5, 4])
+    return _model(nodes, inputs, [y], inits), feeds
+
+
+@pytest.mark.parametrize("signs", ["positive", "mixed"])
+def test_preactivation_batchnorm_folds_into_the_pointwise_conv(signs, tmp_path):
+    scale = RNG.random(6) + 0.5
+    if signs == "mixed":
+        scale[::2] *= -1
+    m, feeds = _preactivation(scale, RNG.standard_normal((4, 6, 1, 1)))
+    res = _run_both(m, feeds, tmp_path)
+    assert [n.op_type for n in res.graph.nodes] == (["Max", "Conv"] if signs == "positive"
+                                                     else ["Max", "Min", "Conv"])
+    (conv,) = [n for n in res.graph.nodes if n.op_type == "Conv"]
+    assert conv.inputs[1:] != ["w", "cb"]
+    if signs == "mixed":  # the Min clamps the Max's result in place
+        clamp = res.program.tasks[1]
+        assert res.program.places[clamp.inputs[0]] == res.program.places[clamp.outputs[0]]
+
+
+@pytest.mark.parametrize("case", ["padded_conv", "stats_are_inputs", "training"])
+def test_batchnorm_that_cannot_fold_into_the_conv_keeps_its_relu(case, tmp_path):
+    k, attrs = (3, {"pads": [1, 1, 1, 1]}) if case == "padded_conv" else (1, {})
+    m, feeds = _preactivation(RNG.random(6) + 0.5, RNG.standard_normal((4, 6, k, k)), case, **attrs)
+    res = _run_both(m, feeds, tmp_path)
+    bn, conv = res.graph.nodes
+    assert (bn.op_type, bn.attrs["_act"]) == ("BatchNormalization", "Relu")
+    assert (conv.op_type, conv.inputs[1:]) == ("Conv", ["w", "cb"])
+
+
+def test_residual_sum_takes_the_relu_and_overwrites_a_dying_input(tmp_path):
+    nodes = [helper.make_node("Exp", ["a"], ["ea"]), helper.make_node("Neg", ["b"], ["nb"]),
+             helper.make_node("Sum", ["ea", "nb"], ["s"]), helper.make_node("Relu", ["s"], ["r"]),
+             helper.make_node("Add", ["r", "a"], ["t"]), helper.make_node("Relu", ["t"], ["u"]),
+             helper.make_node("Exp", ["u"], ["y"])]
+    m = _model(nodes, [helper.make_tensor_value_info(v, TensorProto.FLOAT, [3, 4]) for v in "ab"],
+               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 4])])
+    feeds = {v: RNG.standard_normal((3, 4)).astype(np.float32) for v in "ab"}
+    res = _run_both(m, feeds, tmp_path)
+    assert [(n.op_type, n.attrs.get("_act")) for n in res.graph.nodes] == [
+        ("Exp", None), ("Neg", None), ("Sum", "Relu"), ("Add", "Relu"), ("Exp", None)]
+    places = res.program.places
+    assert places["r"] == places["ea"] and places["u"] == places["r"]
+
+
 def _gelu_nodes(form: str, x: str, y: str) -> list:
     """The Erf formula of Gelu in one of the forms exporters write it."""
     scale = (helper.make_node("Mul", ["rsqrt2", x], [f"{y}_s"]) if form == "mul"

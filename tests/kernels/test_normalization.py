@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from omrt.errors import ShapeError
 from omrt.kernels import lookup
-from tests.kernel_check import check, randn, run_kernel
+from tests.kernel_check import check, randn, reference, run_kernel
 
 
 def bn_params(c: int, dtype: type = np.float32) -> list[np.ndarray]:
@@ -55,6 +55,19 @@ def test_batchnorm_training_mode():
     x16 = randn(4, 3, 5, dtype=np.float16)
     check("BatchNormalization", [x16, *bn_params(3, np.float16)], {"training_mode": 1},
           opset=15, n_outputs=3, rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("attrs,n_outputs", [({}, 1), ({"training_mode": 1}, 3)])
+def test_batchnorm_fused_relu(attrs, n_outputs):
+    """A Relu fused into the node clamps Y, in inference and in training mode; the running
+    statistics stay as they were."""
+    inputs = [randn(4, 3, 5, 5), *bn_params(3)]
+    want = reference("BatchNormalization", inputs, attrs, opset=15, n_outputs=n_outputs)
+    got = run_kernel("BatchNormalization", inputs, {**attrs, "_act": "Relu"}, opset=15)
+    np.testing.assert_allclose(got[0], np.maximum(want[0], 0), rtol=1e-5, atol=1e-5)
+    assert (got[0] == 0).any()
+    for g, w in zip(got[1:], want[1:]):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
 
 
 def test_batchnorm_rejects_training_outputs_in_inference():

@@ -149,6 +149,77 @@ def fold_channel_affine(graph: Graph) -> Graph:
     return remove_dead_code(graph)
 
 
+def _pointwise_conv_weights(graph: Graph, conv: Node | None, x: str) -> tuple[np.ndarray, np.ndarray] | None:
+    """(W, B) of `conv` when it is a 1x1 Conv of `x` without padding or groups, with constant
+    weights (B zeros when absent): a map that is affine per pixel; else None."""
+    if conv is None or conv.op_type != "Conv" or conv.domain or conv.inputs[0] != x or x in conv.inputs[1:]:
+        return None
+    w = graph.constants.get(conv.inputs[1])
+    has_b = len(conv.inputs) > 2 and conv.inputs[2]
+    b = graph.constants.get(conv.inputs[2]) if has_b else None
+    if (w is None or w.dtype.kind != "f" or (has_b and b is None) or int(conv.attrs.get("group", 1)) != 1
+            or any(d != 1 for d in w.shape[2:]) or any(conv.attrs.get("pads", ()))):
+        return None
+    return w, np.zeros(w.shape[0], w.dtype) if b is None else b
+
+
+def fold_preactivation_batchnorm(graph: Graph) -> Graph:
+    """BatchNormalization -> Relu -> 1x1 Conv (the pre-activation block) -> Max (and Min) -> Conv.
+
+    With s = scale / sqrt(var + epsilon) and t = B - mean * s per channel, and the knee k = -t / s,
+    Relu(s * x + t) = s * Max(x, k) + t where s > 0 and s * Min(x, k) + t where s < 0. The 1x1 Conv
+    is affine per pixel, so it takes s and t: W' = W * s (per input channel), B' = B + W . t. What
+    is left of the normalization and its activation is one broadcasting Max, a single pass over x
+    instead of three (and a Min in place when some channels have s < 0).
+    """
+    uses = graph.consumers()
+    drop: set[int] = set()
+    for i, bn in enumerate(graph.nodes):
+        if (bn.op_type != "BatchNormalization" or bn.domain or bn.attrs.get("training_mode", 0)
+                or len([o for o in bn.outputs if o]) != 1 or graph.infos[bn.inputs[0]].dtype.kind != "f"
+                or any(v not in graph.constants for v in bn.inputs[1:5])):
+            continue
+        j = _sole_consumer(graph, bn.outputs[0], uses)
+        relu = graph.nodes[j] if j is not None else None
+        if relu is None or relu.op_type != "Relu" or relu.domain:
+            continue
+        k = _sole_consumer(graph, relu.outputs[0], uses)
+        conv = graph.nodes[k] if k is not None else None
+        wb = _pointwise_conv_weights(graph, conv, relu.outputs[0])
+        if wb is None:
+            continue
+        scale, beta, mean, var = (graph.constants[v].astype(np.float64) for v in bn.inputs[1:5])
+        s = scale / np.sqrt(var + bn.attrs.get("epsilon", 1e-5))
+        t = beta - mean * s
+        with np.errstate(divide="ignore", invalid="ignore"):
+            knee = -t / s
+        if not np.all(np.isfinite(knee)):
+            continue
+        w, b = wb
+        x, y = bn.inputs[0], relu.outputs[0]
+        info = graph.infos[x]
+        bounds = [(op, np.where(side, knee, far)) for op, side, far in
+                  (("Max", s > 0, -np.inf), ("Min", s < 0, np.inf)) if side.any()]
+        steps = []
+        for n, (op, bound) in enumerate(bounds):
+            name = f"{y}__{op.lower()}"
+            graph.add_constant(name, bound.reshape((-1,) + (1,) * (info.rank - 2)).astype(info.dtype))
+            out = y if n == len(bounds) - 1 else f"{y}__lower"
+            graph.infos[out] = graph.infos[y]
+            steps.append(Node(op, [steps[-1].outputs[0] if steps else x, name], [out], {}, "", bn.name))
+        wname, bname = f"{conv.outputs[0]}__pre_w", f"{conv.outputs[0]}__pre_b"
+        graph.add_constant(wname, (w * s.reshape((1, -1) + (1,) * (w.ndim - 2))).astype(w.dtype))
+        graph.add_constant(bname, (b + w.reshape(w.shape[0], -1) @ t).astype(b.dtype))
+        conv.inputs = [conv.inputs[0], wname, bname]
+        graph.nodes[i] = steps[0]
+        if len(steps) > 1:
+            graph.nodes[j] = steps[1]
+        else:
+            drop.add(j)
+    graph.nodes = [n for k, n in enumerate(graph.nodes) if k not in drop]
+    return remove_dead_code(graph)
+
+
 def _activation_attrs(node: Node, graph: Graph) -> dict | None:
     """The `_act*` attributes that fold activation `node` into its producer, or None if it cannot."""
     op = node.op_type
@@ -423,7 +494,8 @@ def fold_transposes_into_matmul(graph: Graph) -> Graph:
 
 def optimize(graph: Graph) -> Graph:
     """The compile-time pipeline, in the order that exposes the most fusion."""
-    for rewrite in (remove_dead_code, fold_batchnorm, fold_channel_affine, fuse_matmul_bias,
-                    fuse_activations, fuse_gelu, fold_matmul_scale, fold_transposes_into_matmul):
+    for rewrite in (remove_dead_code, fold_batchnorm, fold_channel_affine, fold_preactivation_batchnorm,
+                    fuse_matmul_bias, fuse_activations, fuse_gelu, fold_matmul_scale,
+                    fold_transposes_into_matmul):
         graph = rewrite(graph)
     return graph

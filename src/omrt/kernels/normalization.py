@@ -150,12 +150,18 @@ class BatchNormalization(_SameShape):
     def run(self, inputs, outputs, workspace):
         x, scale, bias, mean, var = inputs[:5]
         y = outputs[0]
-        if not self.training:
+        if self.training:
+            self._train(inputs, outputs, workspace)
+        else:
             a, b = self.affine or self._affine(scale, bias, mean, var, x.ndim)
             np.multiply(x, a, out=y, casting="same_kind")
             np.add(y, b, out=y, casting="same_kind")
-            apply_activation(y, self.ctx)
-            return
+        apply_activation(y, self.ctx)
+
+    def _train(self, inputs, outputs, workspace) -> None:
+        """Normalize by the batch statistics into output 0 and emit the running statistics."""
+        x, scale, bias, mean, var = inputs[:5]
+        y = outputs[0]
         ct = self.ct
         buf = carve(workspace, (x.shape, ct))[0] if self.buffered else y
         if self.buffered:
