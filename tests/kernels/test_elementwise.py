@@ -10,8 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from kernel_check import check, run_kernel
+from kernel_check import check, reference, run_kernel
 from omrt.errors import ShapeError
+from omrt.kernels.base import ZERO_BYTES
 
 rng = np.random.default_rng(0)
 
@@ -387,6 +388,38 @@ def test_in_place(op, inputs):
     """run_kernel re-runs with the output aliasing the declared input and compares."""
     check(op, inputs)
     check("Gelu", [randn(40_000) * 3], opset=20)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16, np.int32])
+def test_relu_over_several_blocks_of_zeros(dtype):
+    """More values than two blocks of zeros hold, the last block partly used; NaN stays NaN."""
+    x = (randn(2 * ZERO_BYTES // np.dtype(dtype).itemsize + 7) * 5).astype(dtype)
+    if np.dtype(dtype).kind == "f":
+        x[:4] = [np.nan, np.inf, -np.inf, -0.0]
+    check("Relu", [x])
+
+
+# ----------------------------------------------------------------------------- fused activations
+
+
+def _activated(y, act, alpha, beta):
+    """onnx.reference's `act` of `y`, with the values a fused node carries in _act_alpha/_act_beta."""
+    if act == "Clip":
+        return reference("Clip", [y, np.array(alpha, y.dtype), np.array(beta, y.dtype)])[0]
+    attrs = {"LeakyRelu": {"alpha": alpha}, "HardSigmoid": {"alpha": alpha, "beta": beta}}.get(act, {})
+    return reference(act, [y], attrs)[0]
+
+
+@pytest.mark.parametrize("act,alpha,beta", [("Relu", None, None), ("LeakyRelu", 0.1, None),
+                                            ("Clip", -0.5, 0.7), ("Sigmoid", None, None),
+                                            ("Tanh", None, None), ("HardSigmoid", 0.3, 0.4)])
+@pytest.mark.parametrize("op,inputs", [("Add", [randn(2, 3, 4, 5), randn(3, 1, 1)]),
+                                       ("Sum", [randn(2, 3, 4, 5), randn(2, 3, 4, 5), randn(5)])])
+def test_add_and_sum_apply_a_fused_activation(op, inputs, act, alpha, beta):
+    """run_kernel also reruns the node over its input 0 (in place) and compares."""
+    want = _activated(reference(op, inputs)[0], act, alpha, beta)
+    got = run_kernel(op, inputs, {"_act": act, "_act_alpha": alpha, "_act_beta": beta})[0]
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
 
 
 # ----------------------------------------------------------------------------- more unary math

@@ -13,7 +13,8 @@ from typing import Callable, ClassVar, Sequence
 import numpy as np
 
 from ..errors import ShapeError
-from .base import Kernel, OpContext, TensorInfo, broadcast_shapes, numel, onnx_dtype, register
+from .base import (FUSED_ACTIVATIONS, Kernel, OpContext, TensorInfo, apply_activation, broadcast_shapes,
+                   numel, onnx_dtype, register, relu)
 
 def _kind(dtype: np.dtype) -> str:
     """numpy's kind letter, with ml_dtypes' small floats counted as floats and strings as 'S'."""
@@ -84,10 +85,6 @@ def unary(op_type: str, fn: Callable[..., object], since: int = 1, kinds: str = 
     return register(op_type, since)(cls)
 
 
-def _relu(x: np.ndarray, out: np.ndarray) -> None:
-    np.maximum(x, x.dtype.type(0), out=out)
-
-
 def _sigmoid(x: np.ndarray, out: np.ndarray) -> None:
     with np.errstate(over="ignore"):
         np.negative(x, out=out)
@@ -106,7 +103,7 @@ def _quiet(fn: Callable[..., object]) -> Callable[..., None]:
     return run
 
 
-unary("Relu", _relu, kinds=SIGNED)
+unary("Relu", relu, kinds=SIGNED)
 unary("Sigmoid", _sigmoid, kinds=FLOAT)
 unary("Tanh", np.tanh, kinds=FLOAT)
 unary("Neg", np.negative, kinds=SIGNED)
@@ -625,7 +622,10 @@ class Shrink(Pointwise):
 
 
 class Binary(Kernel):
-    """Two inputs with numpy (multidirectional) broadcasting; output dtype is input 0's or `result`."""
+    """Two inputs with numpy (multidirectional) broadcasting; output dtype is input 0's or `result`.
+
+    Kernels that list activations in `fuses` apply the one fused into them to their output.
+    """
 
     inplace = {0: 0}
     kinds: ClassVar[str] = NUMERIC
@@ -643,24 +643,25 @@ class Binary(Kernel):
 
     def run(self, inputs, outputs, workspace):
         self.compute(inputs[0], inputs[1], outputs[0])
+        apply_activation(outputs[0], self.ctx)
 
     def compute(self, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
         raise NotImplementedError
 
 
 def binary(op_type: str, fn: Callable[..., object], since: int = 7, kinds: str = NUMERIC,
-           result: np.dtype | None = None) -> type[Kernel]:
+           result: np.dtype | None = None, fuses: frozenset[str] = frozenset()) -> type[Kernel]:
     """Register a broadcasting binary kernel from a ufunc-like `fn(a, b, out=...)`."""
 
     def compute(self: Binary, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
         fn(a, b, out=out)
 
-    cls = type(op_type, (Binary,), {"compute": compute, "kinds": kinds, "result": result,
+    cls = type(op_type, (Binary,), {"compute": compute, "kinds": kinds, "result": result, "fuses": fuses,
                                     "__doc__": f"ONNX {op_type}: one broadcasting ufunc."})
     return register(op_type, since)(cls)
 
 
-binary("Add", np.add)
+binary("Add", np.add, fuses=frozenset(FUSED_ACTIVATIONS))
 binary("Sub", np.subtract)
 binary("Mul", np.multiply)
 binary("Equal", np.equal, kinds=NUMERIC + BOOL + "S", result=_BOOL)
@@ -802,7 +803,8 @@ class Pow(Binary):
 
 
 class Variadic(Kernel):
-    """Any number of same-dtype inputs folded pairwise with broadcasting (Sum, Max, ...)."""
+    """Any number of same-dtype inputs folded pairwise with broadcasting (Sum, Max, ...), then the
+    activation fused into the node, if its kernel lists it in `fuses`."""
 
     inplace = {0: 0}
     kinds: ClassVar[str] = NUMERIC
@@ -827,19 +829,21 @@ class Variadic(Kernel):
             for x in xs[2:]:
                 type(self).fold(out, x, out=out)
         self.finish(out, len(xs))
+        apply_activation(out, self.ctx)
 
     def finish(self, out: np.ndarray, n: int) -> None:
         """Post-processing of the folded result (Mean divides)."""
 
 
-def variadic(op_type: str, fold: np.ufunc, kinds: str = NUMERIC) -> type[Kernel]:
+def variadic(op_type: str, fold: np.ufunc, kinds: str = NUMERIC,
+             fuses: frozenset[str] = frozenset()) -> type[Kernel]:
     """Register a variadic kernel folding its inputs with the binary ufunc `fold`."""
-    cls = type(op_type, (Variadic,), {"fold": fold, "kinds": kinds,
+    cls = type(op_type, (Variadic,), {"fold": fold, "kinds": kinds, "fuses": fuses,
                                       "__doc__": f"ONNX {op_type}: inputs folded with {fold.__name__}."})
     return register(op_type, since=1)(cls)
 
 
-variadic("Sum", np.add, kinds=FLOAT)
+variadic("Sum", np.add, kinds=FLOAT, fuses=frozenset(FUSED_ACTIVATIONS))
 variadic("Max", np.maximum)
 variadic("Min", np.minimum)
 
