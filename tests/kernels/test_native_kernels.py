@@ -84,12 +84,14 @@ def test_pools_match_reference(native):
             check(op, [x], attrs, native=native)
 
 
-def test_max_pool_propagates_nan_like_numpy(native):
+@pytest.mark.parametrize("stride, nans", [(2, [(1, 1), (1, 2)]),
+                                          (1, [(r, c) for r in (1, 2, 3) for c in (2, 3, 4)])])
+def test_max_pool_propagates_nan_like_numpy(native, stride, nans):
     x = randn(1, 2, 6, 6)
     x[0, 0, 2, 3] = np.nan
-    attrs = {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}
+    attrs = {"kernel_shape": [3, 3], "strides": [stride, stride], "pads": [1, 1, 1, 1]}
     got = agree("MaxPool", [x], attrs, native)
-    assert np.isnan(got[0, 0, 1, 1:3]).all() and np.isnan(got).sum() == 2
+    assert all(np.isnan(got[0, 0, r, c]) for r, c in nans) and np.isnan(got).sum() == len(nans)
 
 
 @SETTINGS

@@ -189,6 +189,17 @@ def window_of(ctx: OpContext, size: Sequence[int], kernel: Sequence[int],
                   tuple(int_list(ctx, "dilations", nd, 1)), tuple(begin), tuple(end), tuple(out))
 
 
+def plane_scratch(win: Window) -> int:
+    """Bytes a native stride-1 2-d window loop needs per thread for its padded plane and sums
+    (csrc/omrt_native.h, omrt_pad_plane); 0 for other windows."""
+    if len(win.kernel) != 2 or win.strides != (1, 1):
+        return 0
+    (oh, ow), (kh, kw), (dh, dw) = win.out, win.kernel, win.dilations
+    padded_width = ow + (kw - 1) * dw
+    floats = (2 * oh + (kh - 1) * dh) * padded_width + 2 * (kw - 1) * dw
+    return -(-floats * 4 // 64) * 64
+
+
 def _row_chunks(rows: int, row_bytes: int) -> int:
     """How many rows of spatial dim 0 one column buffer holds under WORKSPACE_CAP (at least one)."""
     return max(1, min(rows, WORKSPACE_CAP // max(row_bytes, 1)))
@@ -391,14 +402,11 @@ class Conv(Kernel):
         self.nbytes = max(self.nbytes, parallel.MAX_SLOTS * self.plane_scratch)
 
     def _plane_scratch(self, x: TensorInfo, channels: int) -> int:
-        """Bytes of scratch per thread of the native depthwise loop (see csrc/conv.c): planned
-        whether or not the model will have that loop, so that plans do not depend on it."""
-        win = self.win
-        if self.group != channels or x.rank != 4 or x.dtype != np.float32 or win.strides != (1, 1):
+        """Bytes of scratch per thread of the native depthwise loop: planned whether or not the
+        model will have that loop, so that plans do not depend on it."""
+        if self.group != channels or x.rank != 4 or x.dtype != np.float32:
             return 0
-        (oh, ow), (kh, kw), (dh, dw) = win.out, win.kernel, win.dilations
-        padded_width = ow + (kw - 1) * dw
-        return -(-((2 * oh + (kh - 1) * dh) * padded_width + (kw - 1) * dw) * 4 // 64) * 64
+        return plane_scratch(self.win)
 
     def _depthwise(self, ctx: OpContext, x: TensorInfo, channels: int, filters: int) -> tuple | None:
         """(C function, geometry arguments) for a 2-d float32 depthwise layer when the model has

@@ -16,7 +16,7 @@ import numpy as np
 from ..errors import ShapeError
 from .base import Kernel, OpContext, TensorInfo, register
 from . import conv, parallel
-from .conv import Tap, Window, int_list, sliding_window, window_of
+from .conv import Tap, Window, int_list, plane_scratch, sliding_window, window_of
 from .native import I64, PTR, Function, address
 
 _ALL = (Ellipsis,)
@@ -108,8 +108,10 @@ class _WindowPool(Kernel):
         self.traffic = x.nbytes * sum(w.kernel)
         self.stage_bytes = max(t * self._slot_bytes(self._block(t))
                                for t in range(1, parallel.MAX_SLOTS + 1))
-        self.c_pool = ctx.native.get(POOL2D) if (ctx.native is not None and nd == 2
-                                                 and x.dtype == np.float32) else None
+        native_2d = nd == 2 and x.dtype == np.float32
+        self.c_scratch = max(plane_scratch(w), _align(w.size[-1] * x.dtype.itemsize)) if native_2d else 0
+        self.stage_bytes = max(self.stage_bytes, parallel.MAX_SLOTS * self.c_scratch)
+        self.c_pool = ctx.native.get(POOL2D) if ctx.native is not None and native_2d else None
 
     def workspace(self) -> int:
         return self.stage_bytes
@@ -167,18 +169,18 @@ class _WindowPool(Kernel):
         """The 2-d float32 pool in one native pass over each plane, when the model has the C loop
         and the tensors are contiguous; False when the numpy stages must run instead.
 
-        Each thread reduces rows into a scratch row of its own in the workspace (which, planned
-        for the numpy stages, holds at least one (OH, W) plane per slot)."""
+        Each thread has scratch of its own in the workspace: a padded plane for stride-1 pools,
+        else a row."""
         if self.c_pool is None or not (x.flags.c_contiguous and y.flags.c_contiguous):
             return False
         w = self.win
         geometry = (*w.size, *w.out, *w.kernel, *w.strides, *w.dilations, *w.begin, int(is_max))
         src, dst, scratch = address(x), address(y), address(workspace)
         inv = 0 if inv_count is None else address(inv_count)
-        row = _align(w.size[1] * x.dtype.itemsize)
         threads = min(parallel.get_num_threads(), parallel.MAX_SLOTS) if self.traffic >= SPLIT_BYTES else 1
         parts = parallel.spans(self.planes, threads)
-        parallel.parallel_for(len(parts), lambda i, slot: self.c_pool(src, dst, inv, scratch + slot * row,
+        slot_bytes = self.c_scratch
+        parallel.parallel_for(len(parts), lambda i, slot: self.c_pool(src, dst, inv, scratch + slot * slot_bytes,
                                                                       *parts[i], *geometry), threads)
         return True
 

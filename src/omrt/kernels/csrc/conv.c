@@ -1,23 +1,14 @@
 /* Convolution loops: depthwise 2-D convolution (every output channel reads one input channel),
  * and the im2col gather of the dense layers that BLAS then multiplies. */
-#include <string.h>
-
 #include "omrt_native.h"
 
-/* One output plane of a stride-1 layer: the input is copied, zero-padded, into `pad` (Hp x Wp
- * plus a tail), so that every tap is one long contiguous multiply-add over all output rows at
- * once (acc, OH x Wp; the Wp - OW extra columns of each row are computed and dropped). */
-static void plane_stride1(const float *xp, const float *wp, float b, float *yp, float *pad, float *acc,
-                          int64_t H, int64_t W, int64_t OH, int64_t OW, int64_t KH, int64_t KW,
-                          int64_t DH, int64_t DW, int64_t PT, int64_t PL) {
+/* One output plane of a stride-1 layer, on the padded plane (see omrt_pad_plane). */
+static void plane_stride1(const float *xp, const float *wp, float b, float *yp, float *scratch, int64_t H,
+                          int64_t W, int64_t OH, int64_t OW, int64_t KH, int64_t KW, int64_t DH, int64_t DW,
+                          int64_t PT, int64_t PL) {
     int64_t Wp = OW + (KW - 1) * DW, Hp = OH + (KH - 1) * DH, L = OH * Wp;
-    memset(pad, 0, (size_t)(Hp * Wp + (KW - 1) * DW) * sizeof(float));
-    for (int64_t r = 0; r < Hp; r++) {
-        int64_t ih = r - PT;
-        if (ih < 0 || ih >= H) continue;
-        int64_t c0 = PL < 0 ? -PL : 0, c1 = W < Wp - PL ? W : Wp - PL;
-        if (c1 > c0) memcpy(pad + r * Wp + PL + c0, xp + ih * W + c0, (size_t)(c1 - c0) * sizeof(float));
-    }
+    float *pad = scratch, *acc = scratch + Hp * Wp + (KW - 1) * DW;
+    omrt_pad_plane(xp, pad, 0.0f, H, W, Hp, Wp, (KW - 1) * DW, PT, PL);
     for (int64_t i = 0; i < L; i++) acc[i] = b;
     for (int64_t kh = 0; kh < KH; kh++)
         for (int64_t kw = 0; kw < KW; kw++) {
@@ -58,8 +49,8 @@ static void plane_strided(const float *xp, const float *wp, float b, float *yp, 
 
 /* Output planes q in [q0, q1) of y (N x M planes of OH x OW): plane q = (n, m) reads input plane
  * (n, m / mult) of x (N x M/mult planes of H x W) with filter w[m] (KH x KW), adds bias[m] (when
- * bias is not NULL) and applies the fused activation `act`. Stride-1 layers need `scratch`:
- * (2*OH + (KH-1)*DH) * Wp + (KW-1)*DW floats, Wp = OW + (KW-1)*DW (padded plane and sums). */
+ * bias is not NULL) and applies the fused activation `act`. Stride-1 layers need `scratch` for
+ * one padded plane (see omrt_pad_plane). */
 OMRT_EXPORT OMRT_HOT void omrt_dwconv2d_f32(const float *x, const float *w, const float *bias, float *y,
                                             float *scratch, int64_t q0, int64_t q1, int64_t M, int64_t mult,
                                             int64_t H, int64_t W, int64_t OH, int64_t OW, int64_t KH,
@@ -67,14 +58,13 @@ OMRT_EXPORT OMRT_HOT void omrt_dwconv2d_f32(const float *x, const float *w, cons
                                             int64_t PT, int64_t PL, int64_t act, float alpha, float beta) {
     int64_t lo[KW], hi[KW];
     for (int64_t kw = 0; kw < KW; kw++) omrt_span(kw * DW - PL, W, SW, OW, &lo[kw], &hi[kw]);
-    float *pad = scratch, *acc = scratch + (OH + (KH - 1) * DH) * (OW + (KW - 1) * DW) + (KW - 1) * DW;
     for (int64_t q = q0; q < q1; q++) {
         int64_t n = q / M, m = q % M;
         const float *xp = x + (n * (M / mult) + m / mult) * H * W;
         float *yp = y + q * OH * OW;
         float b = bias ? bias[m] : 0.0f;
         if (SH == 1 && SW == 1)
-            plane_stride1(xp, w + m * KH * KW, b, yp, pad, acc, H, W, OH, OW, KH, KW, DH, DW, PT, PL);
+            plane_stride1(xp, w + m * KH * KW, b, yp, scratch, H, W, OH, OW, KH, KW, DH, DW, PT, PL);
         else
             plane_strided(xp, w + m * KH * KW, b, yp, lo, hi, H, W, OH, OW, KH, KW, SH, SW, DH, DW, PT, PL);
         omrt_activate(yp, OH * OW, act, alpha, beta);

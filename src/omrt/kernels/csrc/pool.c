@@ -34,7 +34,44 @@ static void nan_windows(float *yr, const float *xp, const int64_t *lo, const int
     }
 }
 
-/* y[p] = pool of x[p] for planes p in [p0, p1), one output row at a time: the rows its windows
+/* One plane of a stride-1 pool on the padded plane (see omrt_pad_plane): the rows, then the
+ * columns, each tap one long loop; 0 when the plane holds a NaN (the caller then takes the row
+ * path, which propagates it). */
+static int plane_stride1(const float *xp, float *yp, const float *inv_count, float *scratch, int64_t H,
+                         int64_t W, int64_t OH, int64_t OW, int64_t KH, int64_t KW, int64_t DH, int64_t DW,
+                         int64_t PT, int64_t PL, int64_t is_max) {
+    int64_t Wp = OW + (KW - 1) * DW, Hp = OH + (KH - 1) * DH, L = OH * Wp, V = L + (KW - 1) * DW;
+    float *pad = scratch, *rows = scratch + Hp * Wp + (KW - 1) * DW;
+    omrt_pad_plane(xp, pad, is_max ? -INFINITY : 0.0f, H, W, Hp, Wp, (KW - 1) * DW, PT, PL);
+    int nan = 0;
+    for (int64_t i = 0; i < V; i++) rows[i] = pad[i];
+    for (int64_t kh = 1; kh < KH; kh++) {
+        const float *src = pad + kh * DH * Wp;
+        for (int64_t i = 0; i < V; i++) {
+            rows[i] = pool_step(rows[i], src[i], is_max);
+            nan |= src[i] != src[i];
+        }
+    }
+    for (int64_t i = 0; i < V; i++) nan |= pad[i] != pad[i];
+    if (nan && is_max) return 0;
+    for (int64_t i = 0; i < L; i++) pad[i] = rows[i];
+    for (int64_t kw = 1; kw < KW; kw++)
+        for (int64_t i = 0; i < L; i++) pad[i] = pool_step(pad[i], rows[i + kw * DW], is_max);
+    for (int64_t oh = 0; oh < OH; oh++) {
+        float *yr = yp + oh * OW;
+        const float *src = pad + oh * Wp;
+        if (is_max) {
+            memcpy(yr, src, (size_t)OW * sizeof(float));
+        } else {
+            const float *inv = inv_count + oh * OW;
+            for (int64_t ow = 0; ow < OW; ow++) yr[ow] = src[ow] * inv[ow];
+        }
+    }
+    return 1;
+}
+
+/* y[p] = pool of x[p] for planes p in [p0, p1). Stride-1 pools run on a padded plane in
+ * `scratch` (see omrt_pad_plane); the others one output row at a time: the rows its windows
  * read are first reduced into `scratch` (W floats), then the columns. `inv_count` (OH*OW) holds
  * 1 / the divisor of each window for average pooling (ignored for max). Reads outside the input
  * are padding: -inf for max, nothing for average (the divisor says whether pads count). */
@@ -48,6 +85,9 @@ OMRT_EXPORT OMRT_HOT void omrt_pool2d_f32(const float *x, float *y, const float 
     for (int64_t p = p0; p < p1; p++) {
         const float *xp = x + p * H * W;
         float *yp = y + p * OH * OW;
+        if (SH == 1 && SW == 1 &&
+            plane_stride1(xp, yp, inv_count, scratch, H, W, OH, OW, KH, KW, DH, DW, PT, PL, is_max))
+            continue;
         for (int64_t oh = 0; oh < OH; oh++) {
             float *yr = yp + oh * OW;
             for (int64_t iw = 0; iw < W; iw++) scratch[iw] = init;
