@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import tracemalloc
 
 import numpy as np
@@ -46,6 +48,19 @@ def dynamic_om(tmp_path) -> str:
     path = str(tmp_path / "mlp_dyn.om")
     omrt.compile(mlp_model("N"), path)
     return path
+
+
+BLOCK_ONNX = ("import sys\n"
+              "class Block:\n"
+              "    def find_spec(self, name, path=None, target=None):\n"
+              "        if name.split('.')[0] in ('onnx', 'onnxruntime'):\n"
+              "            raise ImportError('blocked: ' + name)\n"
+              "sys.meta_path.insert(0, Block())\n")
+
+
+def run_without_onnx(code: str) -> subprocess.CompletedProcess:
+    """Run Python `code` in a fresh interpreter where onnx and onnxruntime cannot be imported."""
+    return subprocess.run([sys.executable, "-c", BLOCK_ONNX + code], capture_output=True, text=True)
 
 
 def steady_state_peak(sess: omrt.Session, runs: int = 3) -> int:

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import os
 import struct
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -14,7 +12,7 @@ from onnx import TensorProto, helper
 
 import omrt
 from omrt.format import HEADER, MAGIC, Part
-from conftest import mlp_model
+from conftest import mlp_model, run_without_onnx
 
 
 @pytest.fixture(scope="module")
@@ -122,18 +120,12 @@ def test_runtime_needs_no_onnx(tmp_path, om_bytes):
     """Load and run with `onnx` made unimportable: the runtime reaches only numpy and the stdlib."""
     path = _write(tmp_path, om_bytes)
     code = (
-        "import sys\n"
-        "class Block:\n"
-        "    def find_spec(self, name, path=None, target=None):\n"
-        "        if name.split('.')[0] in ('onnx', 'onnxruntime'):\n"
-        "            raise ImportError('blocked: ' + name)\n"
-        "sys.meta_path.insert(0, Block())\n"
         "import numpy as np, omrt\n"
         f"m = omrt.load({path!r})\n"
         "y = m.session().run({'x': np.ones((4, 64), np.float32)})['y']\n"
         "assert not any(k.split('.')[0] in ('onnx', 'onnxruntime') for k in sys.modules)\n"
         "print(y.shape)\n")
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    res = run_without_onnx(code)
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip() == "(4, 10)"
 

@@ -97,7 +97,7 @@ def test_max_pool_propagates_nan_like_numpy(native, stride, nans):
 @SETTINGS
 @given(windows(5), st.integers(1, 2), st.sampled_from([None, "Relu", "Clip", "LeakyRelu"]),
        st.integers(1, 2), st.booleans())
-def test_depthwise_conv_matches_reference(native, window, dilation, act, mult, bias):
+def test_depthwise_conv_matches_numpy_path(native, window, dilation, act, mult, bias):
     attrs, (h, w) = window
     kh, kw = attrs["kernel_shape"]
     if (kh - 1) * dilation + 1 > h + attrs["pads"][0] + attrs["pads"][2] or \

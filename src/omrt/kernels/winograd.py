@@ -65,7 +65,7 @@ class WinogradConv(Conv):
     def __init__(self, ctx: OpContext, inputs: Sequence[TensorInfo | None],
                  outputs: Sequence[TensorInfo]) -> None:
         super().__init__(ctx, inputs, outputs)
-        (oh, ow), channels = self.win.out, inputs[0].shape[1]
+        oh, ow = self.win.out
         self.tile_grid = (-(-oh // 2), -(-ow // 2))
         self.tiles = math.prod(self.tile_grid)
         self.passes = [(f, min(f + FILTERS_PER_PASS, self.filters))
