@@ -196,3 +196,6 @@ def test_winograd_needs_a_3x3_stride_1_dense_float_layer():
     assert not winograd.eligible({}, x, randn(16, 16, 5, 5))
     assert not winograd.eligible({}, TensorInfo(np.dtype(np.float32), (1, 8, 8, 8)), randn(16, 8, 3, 3))
     assert not winograd.eligible({"group": 2}, TensorInfo(np.dtype(np.float32), (1, 32, 8, 8)), w)
+    wide = randn(512, 512, 3, 3)  # 9 MiB of filters for 14x14 positions: 48 KiB per position
+    assert not winograd.eligible({"pads": [1, 1, 1, 1]}, TensorInfo(np.dtype(np.float32), (1, 512, 14, 14)), wide)
+    assert winograd.eligible({"pads": [1, 1, 1, 1]}, TensorInfo(np.dtype(np.float32), (1, 512, 28, 28)), wide)

@@ -34,6 +34,11 @@ FILTERS_PER_PASS = 64
 """Filters multiplied and transformed back per pass over a chunk: keeps the products small, so
 that big layers still get many tiles per chunk."""
 
+MAX_FILTER_BYTES_PER_POSITION = 16 << 10
+"""Layers whose filters outweigh their output positions by more than this stay plain Convs: the
+transformed filters take 16/9 the bytes of the originals, and late, wide layers (512 channels at
+14x14 or 7x7) would add the most resident memory for the least time saved."""
+
 MIN_CHANNELS = 16
 """Layers with fewer input or output channels stay plain Convs: their GEMMs are too thin to pay
 for the transforms."""
@@ -53,7 +58,8 @@ def eligible(attrs: dict[str, Any], x: TensorInfo, w: np.ndarray) -> bool:
             or min(w.shape[0], w.shape[1]) < MIN_CHANNELS or activation_code(attrs) is None):
         return False
     win = window_of(ctx, x.shape[2:], [3, 3])
-    return win.strides == (1, 1) and win.dilations == (1, 1)
+    return (win.strides == (1, 1) and win.dilations == (1, 1)
+            and w.nbytes <= MAX_FILTER_BYTES_PER_POSITION * math.prod(win.out))
 
 
 @register("WinogradConv", since=1, domain="omrt")
