@@ -204,3 +204,11 @@ def test_winograd_network_matches_reference(cnn_om, tmp_path, threads):
             np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
     finally:
         omrt.set_num_threads(1)
+
+
+def test_c_units_compile_without_warnings(monkeypatch):
+    if native_build.compiler() is None:
+        pytest.skip("no C compiler on this host")
+    monkeypatch.setattr(native_build, "FLAGS", native_build.FLAGS + ["-Wextra", "-Werror"])
+    record = native_build.build(["conv", "pool", "winograd"], lambda msg: None)
+    assert record is not None and record.units == ["conv", "pool", "winograd"]
