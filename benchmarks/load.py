@@ -153,15 +153,11 @@ def worker_check(omrt_npz: str, ort_npz: str, expected: str | None) -> dict:
     """Compare omrt's first-run outputs with ORT's (and with the shipped expected output, if any)."""
     import numpy as np
 
+    from omrt.bench import check_outputs
+
     a, b = np.load(omrt_npz), np.load(ort_npz)
-    report: dict = {}
-    for name in b.files:
-        if name not in a.files:
-            report[name] = "missing from omrt's outputs"
-            continue
-        diff = float(np.max(np.abs(a[name].astype(np.float64) - b[name].astype(np.float64))))
-        report[name] = {"max_abs_diff_vs_ort": diff,
-                        "allclose": bool(np.allclose(a[name], b[name], rtol=1e-3, atol=1e-5))}
+    report: dict = check_outputs(dict(a), dict(b))
+    report.update({name: "missing from omrt's outputs" for name in b.files if name not in a.files})
     if expected and len(a.files) == 1:
         from omrt.demo import read_tensor
 
