@@ -54,6 +54,8 @@ def main(name: str = "squeezenet", repeat: int = 50, threads: int = 1) -> int:
         sess = model.session(zero_copy="always")
         load_ms = (time.perf_counter() - t0) * 1e3
         print(f"loaded (mmap) + first session in {load_ms:.1f} ms")
+        for packed in model.kernels:
+            print(f"native kernels ({', '.join(packed.units)}): {packed.status}")
         spec_in, spec_out = model.inputs[0], model.outputs[0]
         x = backend_input(tuple(spec_in.shape))
         y = np.empty(spec_out.shape, spec_out.dtype)
