@@ -179,9 +179,12 @@ class _WindowPool(Kernel):
         inv = 0 if inv_count is None else address(inv_count)
         threads = min(parallel.get_num_threads(), parallel.MAX_SLOTS) if self.traffic >= SPLIT_BYTES else 1
         parts = parallel.spans(self.planes, threads)
-        slot_bytes = self.c_scratch
-        parallel.parallel_for(len(parts), lambda i, slot: self.c_pool(src, dst, inv, scratch + slot * slot_bytes,
-                                                                      *parts[i], *geometry), threads)
+        per_slot = self.c_scratch
+
+        def part(i: int, slot: int) -> None:
+            self.c_pool(src, dst, inv, scratch + slot * per_slot, *parts[i], *geometry)
+
+        parallel.parallel_for(len(parts), part, threads)
         return True
 
     def _tap_stage(self, ufunc: np.ufunc, stage: _Stage, src: np.ndarray, dst: np.ndarray,

@@ -128,7 +128,8 @@ class WinogradConv(Conv):
         v_floats = _align(16 * channels * per_chunk * 4) // 4
 
         def chunk(j: int, slot: int) -> None:
-            i, (t0, t1) = divmod(j, len(chunks))[0], chunks[j % len(chunks)]
+            i, k = divmod(j, len(chunks))
+            t0, t1 = chunks[k]
             n = t1 - t0
             base = slot * slot_bytes // 4
             v = flat[base:base + 16 * channels * n].reshape(16, channels, n)
