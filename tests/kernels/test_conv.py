@@ -291,3 +291,12 @@ def test_deformconv(xs, ws, attrs, masked):
     if masked:
         inputs += [rand(ws[0]), rng.random((xs[0], groups * taps, *y.shape[2:])).astype(np.float32)]
     check("DeformConv", inputs, attrs, opset=19, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("op", ["Conv", "ConvTranspose"])
+def test_unknown_auto_pad_is_refused(op):
+    x, w = TensorInfo(np.dtype(np.float32), (1, 2, 5, 5)), TensorInfo(np.dtype(np.float32), (2, 2, 3, 3))
+    ctx = OpContext({"auto_pad": "SAME"}, 11, name="n", op_type=op)
+    with pytest.raises(ShapeError, match=r"n: auto_pad='SAME' is not one of NOTSET, VALID, SAME_UPPER, "
+                                         r"SAME_LOWER"):
+        lookup(op, 11).infer(ctx, [x, w])

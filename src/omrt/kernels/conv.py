@@ -126,16 +126,8 @@ class Window:
         return total
 
 
-def sliding_window(ctx: OpContext, size: Sequence[Dim], kernel: Sequence[int],
-                   ceil_mode: bool = False) -> tuple[list[Dim], list[int | None], list[int | None]]:
-    """Output extent, begin and end pads of a window over `size` (strides, dilations, pads, auto_pad).
-
-    ONNX: with auto_pad SAME_UPPER/SAME_LOWER "output_shape[i] = ceil(input_shape[i] / strides[i])",
-    the padding is split evenly with the extra one at the end (UPPER) or the beginning (LOWER);
-    VALID means no padding; NOTSET uses the `pads` attribute. With ceil_mode the last window must
-    still start inside the input or its begin padding.
-    """
-    nd = len(kernel)
+def _window_attrs(ctx: OpContext, nd: int) -> tuple[list[int], list[int], list[int], str]:
+    """strides, dilations, pads (begin then end) and auto_pad of a window over `nd` spatial dims."""
     strides = int_list(ctx, "strides", nd, 1)
     dilations = int_list(ctx, "dilations", nd, 1)
     pads = ctx.attrs.get("pads") or [0] * (2 * nd)
@@ -146,6 +138,20 @@ def sliding_window(ctx: OpContext, size: Sequence[Dim], kernel: Sequence[int],
     if auto_pad not in ("NOTSET", "VALID", "SAME_UPPER", "SAME_LOWER"):
         raise ShapeError(f"{ctx.name}: auto_pad={auto_pad!r} is not one of NOTSET, VALID, "
                          f"SAME_UPPER, SAME_LOWER")
+    return strides, dilations, list(pads), auto_pad
+
+
+def sliding_window(ctx: OpContext, size: Sequence[Dim], kernel: Sequence[int],
+                   ceil_mode: bool = False) -> tuple[list[Dim], list[int | None], list[int | None]]:
+    """Output extent, begin and end pads of a window over `size` (strides, dilations, pads, auto_pad).
+
+    ONNX: with auto_pad SAME_UPPER/SAME_LOWER "output_shape[i] = ceil(input_shape[i] / strides[i])",
+    the padding is split evenly with the extra one at the end (UPPER) or the beginning (LOWER);
+    VALID means no padding; NOTSET uses the `pads` attribute. With ceil_mode the last window must
+    still start inside the input or its begin padding.
+    """
+    nd = len(kernel)
+    strides, dilations, pads, auto_pad = _window_attrs(ctx, nd)
     out: list[Dim] = []
     begin: list[int | None] = []
     end: list[int | None] = []
@@ -663,14 +669,8 @@ def transposed_window(ctx: OpContext, size: Sequence[Dim], kernel: Sequence[int]
     (total_padding[i] / 2). auto_pad SAME_* sets output_shape[i] = input_shape[i] * strides[i].
     """
     nd = len(kernel)
-    strides = int_list(ctx, "strides", nd, 1)
-    dilations = int_list(ctx, "dilations", nd, 1)
+    strides, dilations, pads, auto_pad = _window_attrs(ctx, nd)
     extra = int_list(ctx, "output_padding", nd, 0)
-    pads = ctx.attrs.get("pads") or [0] * (2 * nd)
-    if len(pads) != 2 * nd:
-        raise ShapeError(f"{ctx.name}: pads={list(pads)} must have {2 * nd} values "
-                         f"(begin and end per spatial dim); fix the attribute")
-    auto_pad = _text(ctx.attrs.get("auto_pad"), "NOTSET")
     wanted = ctx.attrs.get("output_shape")
     if wanted is not None and len(wanted) not in (0, nd):
         raise ShapeError(f"{ctx.name}: output_shape={list(wanted)} must list the {nd} spatial dims")
