@@ -197,6 +197,14 @@ class Flatten(_View):
         return [TensorInfo(x.dtype, (_product(x.shape[:axis]), _product(x.shape[axis:])))]
 
 
+def _axes_count(ctx: OpContext, inputs: Sequence[TensorInfo | None]) -> int:
+    """How many axes the axes input lists when its values are known only at run time."""
+    n = _length(inputs[1])
+    if n is None:
+        raise ShapeError(f"{ctx.name}: {ctx.op_type} needs the number of axes at compile time")
+    return n
+
+
 @register("Squeeze", since=13)
 @register("Squeeze", since=1)
 class Squeeze(_View):
@@ -210,10 +218,7 @@ class Squeeze(_View):
             # A symbolic dim is taken to be other than 1, as every exporter assumes.
             return [TensorInfo(x.dtype, tuple(d for d in x.shape if d != 1))]
         if axes is None:
-            n = _length(inputs[1])
-            if n is None:
-                raise ShapeError(f"{ctx.name}: Squeeze needs the number of axes at compile time")
-            return [TensorInfo(x.dtype, (None,) * (x.rank - n))]
+            return [TensorInfo(x.dtype, (None,) * (x.rank - _axes_count(ctx, inputs)))]
         axes = _normalize_axes(axes, x.rank, ctx.name)
         for a in axes:
             if isinstance(x.shape[a], int) and x.shape[a] != 1:
@@ -235,10 +240,7 @@ class Unsqueeze(_View):
             raise ShapeError(f"{ctx.name}: Unsqueeze needs axes; give the axes "
                              f"{'input' if ctx.opset >= 13 else 'attribute'}")
         if axes is None:
-            n = _length(inputs[1])
-            if n is None:
-                raise ShapeError(f"{ctx.name}: Unsqueeze needs the number of axes at compile time")
-            return [TensorInfo(x.dtype, (None,) * (x.rank + n))]
+            return [TensorInfo(x.dtype, (None,) * (x.rank + _axes_count(ctx, inputs)))]
         rank = x.rank + len(axes)
         axes = _normalize_axes(axes, rank, ctx.name)
         rest = iter(x.shape)
