@@ -112,6 +112,7 @@ class _WindowPool(Kernel):
         self.c_scratch = max(plane_scratch(w), _align(w.size[-1] * x.dtype.itemsize)) if native_2d else 0
         self.stage_bytes = max(self.stage_bytes, parallel.MAX_SLOTS * self.c_scratch)
         self.c_pool = ctx.native.get(POOL2D) if ctx.native is not None and native_2d else None
+        self.c_window = (*w.size, *w.out, *w.kernel, *w.strides, *w.dilations, *w.begin)
 
     def workspace(self) -> int:
         return self.stage_bytes
@@ -173,8 +174,7 @@ class _WindowPool(Kernel):
         else a row."""
         if self.c_pool is None or not (x.flags.c_contiguous and y.flags.c_contiguous):
             return False
-        w = self.win
-        geometry = (*w.size, *w.out, *w.kernel, *w.strides, *w.dilations, *w.begin, int(is_max))
+        geometry = (*self.c_window, int(is_max))
         src, dst, scratch = address(x), address(y), address(workspace)
         inv = 0 if inv_count is None else address(inv_count)
         threads = min(parallel.get_num_threads(), parallel.MAX_SLOTS) if self.traffic >= SPLIT_BYTES else 1
