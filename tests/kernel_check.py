@@ -15,6 +15,9 @@ RNG = np.random.default_rng(0)
 """Shared test data source; tests/conftest.py rewinds it before every test, so a test
 draws the same data whatever ran before it (hypothesis runs vary in number)."""
 
+GUARD = 256
+"""Bytes after a kernel's workspace that run_kernel checks it left alone."""
+
 
 def randn(*shape: int, dtype: type = np.float32) -> np.ndarray:
     """Standard-normal test data of `shape` in `dtype`, from RNG."""
@@ -49,7 +52,8 @@ def run_kernel(op_type: str, inputs: Sequence[np.ndarray | None], attrs: dict[st
     outs = cls.infer(ctx, infos)[:n_outputs]
     kernel = cls(ctx, infos, outs)
     nws = kernel.workspace()
-    ws = np.full(nws, 0xCD, np.uint8) if nws else None
+    guarded = np.full(nws + GUARD, 0xCD, np.uint8)
+    ws = guarded[:nws] if nws else None
     if cls.dynamic:
         results = kernel.run(list(inputs), [None] * len(outs), ws)
     else:
@@ -69,6 +73,7 @@ def run_kernel(op_type: str, inputs: Sequence[np.ndarray | None], attrs: dict[st
             outs2[oi] = work[ii]
             kernel.run(work, outs2, ws)
             np.testing.assert_array_equal(outs2[oi], results[oi], err_msg=f"{op_type} in place")
+    assert (guarded[nws:] == 0xCD).all(), f"{op_type} wrote past its {nws}-byte workspace"
     for o, r in zip(outs, results):
         assert r.dtype == o.dtype, (op_type, r.dtype, o.dtype)
         if o.static:

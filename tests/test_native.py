@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import struct
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import onnx
@@ -13,6 +16,7 @@ import omrt
 from omrt import kernelstore
 from omrt.compiler import native as native_build
 from omrt.format import HEADER, OmFile, Part
+from omrt.kernels import conv
 from omrt.kernels.native import KERNEL_ABI
 from conftest import mlp_model, run_without_onnx
 
@@ -202,6 +206,33 @@ def test_winograd_network_matches_reference(cnn_om, tmp_path, threads):
             assert all((k.c_winograd is not None) == trust for k in convs)
             got = model.session().run({"x": x})["y"]
             np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    finally:
+        omrt.set_num_threads(1)
+
+
+def test_native_workers_serve_concurrent_runs_and_forked_children(cnn_om, monkeypatch):
+    """Sessions on several Python threads share the native workers (a call that finds them busy
+    runs its own items), and a forked child makes workers of its own."""
+    monkeypatch.setattr(conv, "NATIVE_SPLIT_FLOPS", 0)
+    monkeypatch.setattr(conv, "NATIVE_SPLIT_BYTES", 0)
+    model = omrt.load(cnn_om, trust_kernels=True)
+    xs = [RNG.standard_normal((1, 8, 12, 12)).astype(np.float32) for _ in range(4)]
+    want = [reference(x) for x in xs]
+
+    def runs(i: int) -> bool:
+        session = model.session()
+        return all(np.allclose(session.run({"x": xs[i]})["y"], want[i], rtol=1e-4, atol=1e-4) for _ in range(30))
+
+    omrt.set_num_threads(2)
+    try:
+        with ThreadPoolExecutor(4) as pool:
+            assert list(pool.map(runs, range(4))) == [True] * 4
+        pid = os.fork()
+        if pid == 0:
+            signal.alarm(60)
+            os._exit(0 if runs(0) and runs(1) else 1)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
     finally:
         omrt.set_num_threads(1)
 

@@ -3,6 +3,8 @@ against onnx.reference in the family tests), over many window geometries."""
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -11,10 +13,24 @@ from hypothesis import strategies as st
 from kernel_check import check, randn, reference, run_kernel
 import omrt
 from omrt.compiler.native import build
-from omrt.kernels import OpContext, TensorInfo, lookup, winograd
+from omrt.kernels import OpContext, TensorInfo, conv, lookup, winograd
 from omrt.kernelstore import load
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+def _activated(y: np.ndarray, act: str | None) -> np.ndarray:
+    if act == "Relu":
+        return np.maximum(y, 0)
+    if act == "Clip":
+        return np.clip(y, -0.5, 0.5)
+    if act == "LeakyRelu":
+        return np.where(y < 0, y * 0.1, y)
+    return y
+
+
+ACTS = {None: {}, "Relu": {"_act": "Relu"}, "Clip": {"_act": "Clip", "_act_alpha": -0.5, "_act_beta": 0.5},
+        "LeakyRelu": {"_act": "LeakyRelu", "_act_alpha": 0.1}}
 
 
 @pytest.fixture(scope="module")
@@ -25,6 +41,26 @@ def native():
     library = load([record], trusted=True)
     assert record.status == "loaded", record.status
     return library
+
+
+@pytest.fixture(scope="module")
+def native_without_blas(native):
+    """The same library as handed over when numpy's BLAS has no CBLAS sgemm to call."""
+    library = copy.copy(native)
+    library.blas = False
+    return library
+
+
+@pytest.fixture
+def threads(request):
+    """Run at request.param threads, splitting even the tiny layers of these tests."""
+    omrt.set_num_threads(request.param)
+    patch = pytest.MonkeyPatch()
+    patch.setattr(conv, "NATIVE_SPLIT_FLOPS", 0)
+    patch.setattr(conv, "NATIVE_SPLIT_BYTES", 0)
+    yield request.param
+    patch.undo()
+    omrt.set_num_threads(1)
 
 
 def agree(op_type: str, inputs: list, attrs: dict, native) -> np.ndarray:
@@ -54,9 +90,10 @@ def windows(draw, max_kernel: int = 4):
     return {"kernel_shape": [kh, kw], "strides": [sh, sw], "pads": pads}, (h, w)
 
 
+@pytest.mark.parametrize("threads", [1, 2], indirect=True)
 @SETTINGS
 @given(windows(), st.booleans(), st.integers(1, 3))
-def test_max_pool_matches_reference(native, window, ceil_mode, planes):
+def test_max_pool_matches_reference(native, threads, window, ceil_mode, planes):
     attrs, (h, w) = window
     attrs = {**attrs, "ceil_mode": int(ceil_mode)}
     x = randn(1, planes, h, w)
@@ -64,9 +101,10 @@ def test_max_pool_matches_reference(native, window, ceil_mode, planes):
     agree("MaxPool", [x], attrs, native)
 
 
+@pytest.mark.parametrize("threads", [1, 2], indirect=True)
 @SETTINGS
 @given(windows(), st.booleans(), st.booleans())
-def test_average_pool_matches_reference(native, window, ceil_mode, include_pad):
+def test_average_pool_matches_reference(native, threads, window, ceil_mode, include_pad):
     attrs, (h, w) = window
     attrs = {**attrs, "ceil_mode": int(ceil_mode), "count_include_pad": int(include_pad)}
     x = randn(2, 3, h, w)
@@ -94,10 +132,11 @@ def test_max_pool_propagates_nan_like_numpy(native, stride, nans):
     assert all(np.isnan(got[0, 0, r, c]) for r, c in nans) and np.isnan(got).sum() == len(nans)
 
 
+@pytest.mark.parametrize("threads", [1, 2], indirect=True)
 @SETTINGS
 @given(windows(5), st.integers(1, 2), st.sampled_from([None, "Relu", "Clip", "LeakyRelu"]),
        st.integers(1, 2), st.booleans())
-def test_depthwise_conv_matches_numpy_path(native, window, dilation, act, mult, bias):
+def test_depthwise_conv_matches_numpy_path(native, threads, window, dilation, act, mult, bias):
     attrs, (h, w) = window
     kh, kw = attrs["kernel_shape"]
     if (kh - 1) * dilation + 1 > h + attrs["pads"][0] + attrs["pads"][2] or \
@@ -121,9 +160,15 @@ def test_depthwise_conv_matches_reference(native):
         check("Conv", [x, weight, bias], {**attrs, "group": 8}, native=native, rtol=1e-5, atol=1e-5)
 
 
+def _conv_kernel(x: np.ndarray, weight: np.ndarray, attrs: dict, native):
+    ctx = OpContext(dict(attrs), 21, name="t", op_type="Conv", native=native)
+    infos = [TensorInfo(x.dtype, x.shape), TensorInfo(weight.dtype, weight.shape)]
+    return lookup("Conv", 21)(ctx, infos, lookup("Conv", 21).infer(ctx, infos))
+
+
 @SETTINGS
 @given(windows(5), st.integers(1, 2), st.sampled_from([1, 2]), st.booleans())
-def test_im2col_conv_matches_numpy_path(native, window, dilation, group, bias):
+def test_im2col_gather_matches_numpy_path(native_without_blas, window, dilation, group, bias):
     attrs, (h, w) = window
     kh, kw = attrs["kernel_shape"]
     if (kh - 1) * dilation + 1 > h + attrs["pads"][0] + attrs["pads"][2] or \
@@ -131,30 +176,62 @@ def test_im2col_conv_matches_numpy_path(native, window, dilation, group, bias):
         return
     attrs = {**attrs, "dilations": [dilation, dilation], "group": group}
     x, weight = randn(2, 4, h, w), randn(6, 4 // group, kh, kw)
-    ctx = OpContext(dict(attrs), 21, name="t", op_type="Conv", native=native)
-    infos = [TensorInfo(x.dtype, x.shape), TensorInfo(weight.dtype, weight.shape)]
-    assert lookup("Conv", 21)(ctx, infos, lookup("Conv", 21).infer(ctx, infos)).c_im2col is not None
-    agree("Conv", [x, weight] + ([randn(6)] if bias else []), attrs, native)
+    kernel = _conv_kernel(x, weight, attrs, native_without_blas)
+    assert kernel.c_im2col is not None and kernel.c_conv is None
+    agree("Conv", [x, weight] + ([randn(6)] if bias else []), attrs, native_without_blas)
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3], indirect=True)
+@SETTINGS
+@given(windows(5), st.integers(1, 2), st.sampled_from([1, 2, 3]), st.sampled_from([6, 96]), st.integers(1, 2),
+       st.sampled_from(sorted(ACTS, key=str)), st.booleans(), st.sampled_from([None, 1]))
+def test_native_conv_matches_numpy_path(native, threads, window, dilation, group, filters, n, act, bias,
+                                        rows_per_chunk):
+    """Whole layers on the native workers: gathered in private chunks or one shared buffer,
+    multiplied by group, filter block and position block, bias and activation fused."""
+    attrs, (h, w) = window
+    kh, kw = attrs["kernel_shape"]
+    if (kh - 1) * dilation + 1 > h + attrs["pads"][0] + attrs["pads"][2] or \
+            (kw - 1) * dilation + 1 > w + attrs["pads"][1] + attrs["pads"][3]:
+        return
+    attrs = {**attrs, "dilations": [dilation, dilation], "group": group, **ACTS[act]}
+    x, weight = randn(n, 6, h, w), randn(filters, 6 // group, kh, kw)
+    patch = pytest.MonkeyPatch()
+    if rows_per_chunk:
+        patch.setattr(conv, "WORKSPACE_CAP", 6 * kh * kw * w * 4 * rows_per_chunk)
+    try:
+        assert _conv_kernel(x, weight, attrs, native).c_conv is not None
+        agree("Conv", [x, weight] + ([randn(filters)] if bias else []), attrs, native)
+    finally:
+        patch.undo()
+
+
+@pytest.mark.parametrize("threads", [1, 2], indirect=True)
+@pytest.mark.parametrize("shape, filters, group", [((1, 32, 20, 20), 64, 1), ((2, 24, 7, 7), 96, 4),
+                                                   ((1, 12, 30, 31), 6, 3), ((1, 16, 1, 1), 40, 1)])
+def test_native_pointwise_conv_matches_reference(native, threads, shape, filters, group):
+    """1x1 layers multiply the input in place of columns, split along filters or positions."""
+    x, weight, bias = randn(*shape), randn(filters, shape[1] // group, 1, 1), randn(filters)
+    assert _conv_kernel(x, weight, {"group": group}, native).c_conv is not None
+    check("Conv", [x, weight, bias], {"group": group}, native=native, rtol=1e-4, atol=1e-4)
+
+
+def test_winograd_without_blas_runs_as_a_conv(native_without_blas):
+    x, weight = randn(1, 16, 6, 6), randn(16, 16, 3, 3)
+    u = winograd.filter_transform(weight)
+    ctx = OpContext({"pads": [1, 1, 1, 1]}, 1, name="t", op_type="WinogradConv", native=native_without_blas)
+    infos = [TensorInfo(x.dtype, x.shape), TensorInfo(weight.dtype, weight.shape), None, TensorInfo(u.dtype, u.shape)]
+    kernel = winograd.WinogradConv(ctx, infos, winograd.WinogradConv.infer(ctx, infos))
+    assert kernel.c_winograd is None
+    y = np.empty(kernel.outputs[0].shape, np.float32)
+    kernel.run([x, weight, None, u], [y], np.zeros(kernel.workspace(), np.uint8))
+    np.testing.assert_allclose(y, reference("Conv", [x, weight], {"pads": [1, 1, 1, 1]})[0], rtol=1e-4, atol=1e-4)
 
 
 def test_sigmoid_fused_depthwise_keeps_numpy_path(native):
     x, weight = randn(1, 4, 8, 8), randn(4, 1, 3, 3)
     attrs = {"group": 4, "pads": [1, 1, 1, 1], "_act": "Sigmoid"}
     assert not _uses_native("Conv", x, weight, attrs, native)
-
-
-def _activated(y: np.ndarray, act: str | None) -> np.ndarray:
-    if act == "Relu":
-        return np.maximum(y, 0)
-    if act == "Clip":
-        return np.clip(y, -0.5, 0.5)
-    if act == "LeakyRelu":
-        return np.where(y < 0, y * 0.1, y)
-    return y
-
-
-ACTS = {None: {}, "Relu": {"_act": "Relu"}, "Clip": {"_act": "Clip", "_act_alpha": -0.5, "_act_beta": 0.5},
-        "LeakyRelu": {"_act": "LeakyRelu", "_act_alpha": 0.1}}
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

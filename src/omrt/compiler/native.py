@@ -14,10 +14,10 @@ from typing import Callable
 
 from ..ir import Graph
 from ..kernels import lookup, winograd
-from ..kernels.native import SOURCES
+from ..kernels.native import CORE, SOURCES
 from ..kernelstore import NATIVE, Packed, host_target
 
-FLAGS = ["-O3", "-std=c11", "-shared", "-fPIC", "-fno-math-errno", "-fno-plt", "-Wall"]
+FLAGS = ["-O3", "-std=c11", "-shared", "-fPIC", "-pthread", "-fno-math-errno", "-fno-plt", "-Wall"]
 """The hot loops carry their own per-ISA clones (see csrc/omrt_native.h), so no -march: the
 library runs on any host of the compiling host's architecture."""
 
@@ -100,7 +100,7 @@ def build(units: list[str], say: Callable[[str], None]) -> Packed | None:
 
 def _compile(cc: str, units: list[str], say: Callable[[str], None]) -> Packed | None:
     say(f"building native kernels ({', '.join(units)}) with {cc}")
-    sources = [os.path.join(SOURCES, f"{u}.c") for u in units]
+    sources = [os.path.join(SOURCES, f"{u}.c") for u in [CORE, *units]]
     with tempfile.TemporaryDirectory(prefix="omrt-build-") as tmp:
         target = os.path.join(tmp, "kernels.so")
         cmd = cc.split() + FLAGS + ["-I", SOURCES, "-o", target] + sources + ["-lm"]

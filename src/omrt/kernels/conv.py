@@ -34,11 +34,16 @@ smaller ones the pass costs less than a handoff."""
 
 _ACTIVATIONS = frozenset({"Relu", "LeakyRelu", "Clip", "Sigmoid", "Tanh", "HardSigmoid"})
 
-DWCONV2D = Function("conv", "omrt_dwconv2d_f32", (PTR,) * 5 + (I64,) * 17 + (F32, F32))
+DWCONV2D = Function("conv", "omrt_dwconv2d_f32", (PTR,) * 5 + (I64,) * 18 + (F32, F32))
 IM2COL2D = Function("conv", "omrt_im2col_f32", (PTR, PTR) + (I64,) * 15)
+CONV2D = Function("conv", "omrt_conv2d_f32", (PTR,) * 5 + (I64,) * 20 + (F32, F32), blas=True)
 
-DEPTHWISE_SPLIT = 1 << 21
-"""Depthwise layers with outputs at least this big spread their channels over omrt's threads."""
+NATIVE_SPLIT_FLOPS = 1 << 21
+"""Native layers with at least this much work (multiply-adds times two) spread it over omrt's
+threads: the native workers take a part in microseconds, where a Python handoff takes tens."""
+
+NATIVE_SPLIT_BYTES = 1 << 16
+"""Native depthwise layers and pools with outputs at least this big spread their planes."""
 
 
 def _text(value: object, default: str) -> str:
@@ -387,6 +392,7 @@ class Conv(Kernel):
         self.mode = "pointwise" if pointwise else "im2col"
         self.c_depthwise = self._depthwise(ctx, x, channels, filters)
         self.c_im2col = self._native_im2col(ctx, x)
+        self.c_conv = self._native_conv(ctx, x, filters)
         self.filters = filters // self.group
         self.inner = math.prod(self.win.out[1:])
         self.row_bytes = channels * math.prod(kernel) * self.inner * x.dtype.itemsize
@@ -423,7 +429,7 @@ class Conv(Kernel):
             return None
         fn = ctx.native.get(DWCONV2D)
         win = self.win
-        geometry = (filters, filters // channels, *win.size, *win.out, *win.kernel, *win.strides,
+        geometry = (x.shape[0], filters, filters // channels, *win.size, *win.out, *win.kernel, *win.strides,
                     *win.dilations, *win.begin, *act)
         return None if fn is None else (fn, geometry)
 
@@ -435,6 +441,17 @@ class Conv(Kernel):
             return None
         win = self.win
         return fn, (x.shape[1], *win.size, win.out[1], *win.kernel, *win.strides, *win.dilations, *win.begin)
+
+    def _native_conv(self, ctx: OpContext, x: TensorInfo, filters: int) -> tuple | None:
+        """(C function, geometry arguments) that run a whole 2-d float32 layer, gather and GEMMs
+        included, on the native workers, when the model has it; else None."""
+        fn = ctx.native.get(CONV2D) if ctx.native is not None else None
+        act = activation_code(ctx.attrs)
+        if fn is None or x.rank != 4 or x.dtype != np.float32 or act is None:
+            return None
+        win = self.win
+        return fn, (*x.shape, filters, self.group, *win.out, *win.kernel, *win.strides, *win.dilations,
+                    *win.begin, *act)
 
     def _padded_extent(self, channels: int, itemsize: int) -> tuple[int, ...] | None:
         """Spatial extent of the zero-padded image a strided gather reads (None: gather by taps)."""
@@ -514,8 +531,11 @@ class Conv(Kernel):
         y = outputs[0]
         if y.size == 0:
             return
-        if self.c_depthwise is not None and x.flags.c_contiguous and y.flags.c_contiguous:
+        native = x.flags.c_contiguous and y.flags.c_contiguous
+        if self.c_depthwise is not None and native:
             self._run_depthwise(x, w, b, y, workspace)
+        elif self.c_conv is not None and native:
+            self._run_native(x, w, b, y, workspace)
         elif self.mode == "pointwise":
             self._pointwise(x, w, b, y)
         else:
@@ -524,14 +544,24 @@ class Conv(Kernel):
     def _run_depthwise(self, x: np.ndarray, w: np.ndarray, b: np.ndarray | None, y: np.ndarray,
                        workspace: np.ndarray | None) -> None:
         fn, geometry = self.c_depthwise
-        src, weights, dst = address(x), address(w), address(y)
-        bias = 0 if b is None else address(b)
-        scratch = 0 if workspace is None else address(workspace)
-        threads = min(parallel.get_num_threads(), parallel.MAX_SLOTS) if y.nbytes >= DEPTHWISE_SPLIT else 1
-        parts = parallel.spans(y.shape[0] * y.shape[1], threads)
-        parallel.parallel_for(len(parts), lambda i, slot: fn(src, weights, bias, dst,
-                                                             scratch + slot * self.plane_scratch,
-                                                             *parts[i], *geometry), threads)
+        threads = min(parallel.get_num_threads(), parallel.MAX_SLOTS) if y.nbytes >= NATIVE_SPLIT_BYTES else 1
+        fn(address(x), address(w), 0 if b is None else address(b), address(y),
+           0 if workspace is None else address(workspace), self.plane_scratch // 4, threads, *geometry)
+
+    def _run_native(self, x: np.ndarray, w: np.ndarray, b: np.ndarray | None, y: np.ndarray,
+                    workspace: np.ndarray | None) -> None:
+        """The whole layer in one call: the native workers share it (see _layout for the plan)."""
+        fn, geometry = self.c_conv
+        threads = parallel.get_num_threads() if self.flops >= NATIVE_SPLIT_FLOPS else 1
+        step, buffer = (0, 0)
+        if self.mode == "im2col":
+            split = self._split(min(threads, parallel.MAX_SLOTS))
+            step, buffer = split.step, split.buffer // 4
+            if buffer:
+                threads = min(threads, parallel.MAX_SLOTS)
+        work = 0 if workspace is None or not workspace.nbytes else address(workspace) + self.pad_bytes
+        fn(address(x), address(w), 0 if b is None else address(b), address(y), work, step, buffer, threads,
+           *geometry)
 
     def _finish(self, y: np.ndarray, b: np.ndarray | None) -> None:
         """Bias and fused activation on a C-contiguous block of the output (numpy buffers ufuncs

@@ -16,9 +16,15 @@ from typing import Callable
 
 import numpy as np
 
-KERNEL_ABI = 1
+from . import parallel
+
+KERNEL_ABI = 2
 """Version of the calling convention between kernels and the C functions: bumped when a
 function's arguments change, so that a library built for another ABI is never called."""
+
+CORE = "workers"
+"""The source built into every library: the worker threads the C functions split their work
+over, and their BLAS entry (csrc/workers.c)."""
 
 SOURCES = os.path.join(os.path.dirname(__file__), "csrc")
 
@@ -29,24 +35,36 @@ F32 = ctypes.c_float
 
 @dataclass(frozen=True)
 class Function:
-    """A C function of a unit, with the ctypes argument types of its signature."""
+    """A C function of a unit, with the ctypes argument types of its signature; `blas` when it
+    multiplies through BLAS."""
 
     unit: str
     symbol: str
     argtypes: tuple
+    blas: bool = False
 
 
 class Library:
-    """One model's loaded native library: the units it was built from and their functions."""
+    """One model's loaded native library: the units it was built from and their functions.
+
+    It is handed the sgemm of numpy's OpenBLAS; without one (numpy built on another BLAS) the
+    functions that multiply are missing, and their kernels keep their numpy paths."""
 
     def __init__(self, cdll: ctypes.CDLL, units: frozenset[str]) -> None:
         self._cdll = cdll
         self.units = units
         self._functions: dict[str, Callable] = {}
+        sgemm = parallel.blas_sgemm()
+        self.blas = sgemm is not None
+        if sgemm is not None:
+            use = cdll.omrt_use_sgemm
+            use.argtypes, use.restype = [PTR, I64], None
+            use(*sgemm)
 
     def get(self, fn: Function) -> Callable | None:
-        """The callable for `fn`, or None when the library was built without its unit."""
-        if fn.unit not in self.units:
+        """The callable for `fn`, or None when the library was built without its unit (or it
+        multiplies and there is no BLAS to call)."""
+        if fn.unit not in self.units or (fn.blas and not self.blas):
             return None
         hit = self._functions.get(fn.symbol)
         if hit is None:

@@ -58,12 +58,19 @@ def _loaded_libraries() -> list[str]:
     return found
 
 
+_SGEMM_SYMBOLS = (("scipy_cblas_sgemm64_", True), ("cblas_sgemm64_", True), ("scipy_cblas_sgemm", False),
+                  ("cblas_sgemm", False))
+"""CBLAS sgemm entry points of OpenBLAS builds, and whether each takes 64-bit sizes."""
+
+
 class _Blas:
-    """The thread count setter and getter of the OpenBLAS that numpy uses, when there is one."""
+    """The thread count setter and getter of the OpenBLAS that numpy uses, and its CBLAS sgemm,
+    when there is one."""
 
     def __init__(self) -> None:
         self.set: Callable[[int], None] | None = None
         self.get: Callable[[], int] | None = None
+        self.sgemm: tuple[int, bool] | None = None
         self.name = ""
         mode = getattr(os, "RTLD_NOLOAD", 0) | getattr(os, "RTLD_LAZY", 0) or ctypes.DEFAULT_MODE
         for path in _loaded_libraries():
@@ -77,6 +84,8 @@ class _Blas:
                     set_fn.argtypes, set_fn.restype = [ctypes.c_int], None
                     get_fn.argtypes, get_fn.restype = [], ctypes.c_int
                     self.set, self.get, self.name = set_fn, get_fn, os.path.basename(path)
+                    self.sgemm = next(((ctypes.cast(getattr(lib, name), ctypes.c_void_p).value, ilp64)
+                                       for name, ilp64 in _SGEMM_SYMBOLS if hasattr(lib, name)), None)
                     return
 
 
@@ -85,12 +94,23 @@ _blas_before: int | None = None
 """The BLAS thread count omrt found before it pinned BLAS to one thread (None: not pinned)."""
 
 
-def blas_threads() -> int | None:
-    """The OpenBLAS thread count now, or None when no OpenBLAS is found."""
+def _found_blas() -> _Blas:
     global _blas
     if _blas is None:
         _blas = _Blas()
-    return _blas.get() if _blas.get is not None else None
+    return _blas
+
+
+def blas_threads() -> int | None:
+    """The OpenBLAS thread count now, or None when no OpenBLAS is found."""
+    blas = _found_blas()
+    return blas.get() if blas.get is not None else None
+
+
+def blas_sgemm() -> tuple[int, bool] | None:
+    """(address, takes 64-bit sizes) of the CBLAS sgemm of numpy's OpenBLAS, or None: the native
+    kernels multiply through it, so that they share numpy's BLAS and its thread setting."""
+    return _found_blas().sgemm
 
 
 def _pin_blas(pin: bool) -> None:

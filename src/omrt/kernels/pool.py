@@ -25,7 +25,7 @@ SPLIT_BYTES = 1 << 24
 """Pools that read at least this many bytes (input size times the taps per dim) spread their
 plane blocks over omrt's threads; smaller ones cost less than a handoff."""
 
-POOL2D = Function("pool", "omrt_pool2d_f32", (PTR, PTR, PTR, PTR) + (I64,) * 15)
+POOL2D = Function("pool", "omrt_pool2d_f32", (PTR, PTR, PTR, PTR) + (I64,) * 16)
 
 
 def _kernel_shape(ctx: OpContext, x: TensorInfo) -> list[int]:
@@ -174,17 +174,10 @@ class _WindowPool(Kernel):
         else a row."""
         if self.c_pool is None or not (x.flags.c_contiguous and y.flags.c_contiguous):
             return False
-        geometry = (*self.c_window, int(is_max))
-        src, dst, scratch = address(x), address(y), address(workspace)
         inv = 0 if inv_count is None else address(inv_count)
-        threads = min(parallel.get_num_threads(), parallel.MAX_SLOTS) if self.traffic >= SPLIT_BYTES else 1
-        parts = parallel.spans(self.planes, threads)
-        per_slot = self.c_scratch
-
-        def part(i: int, slot: int) -> None:
-            self.c_pool(src, dst, inv, scratch + slot * per_slot, *parts[i], *geometry)
-
-        parallel.parallel_for(len(parts), part, threads)
+        threads = min(parallel.get_num_threads(), parallel.MAX_SLOTS) if x.nbytes >= conv.NATIVE_SPLIT_BYTES else 1
+        self.c_pool(address(x), address(y), inv, address(workspace), self.c_scratch // 4, threads, self.planes,
+                    *self.c_window, int(is_max))
         return True
 
     def _tap_stage(self, ufunc: np.ufunc, stage: _Stage, src: np.ndarray, dst: np.ndarray,

@@ -20,8 +20,7 @@ from .base import OpContext, TensorInfo, register
 from .conv import Conv, window_of
 from .native import F32, I64, PTR, Function, activation_code, address
 
-TRANSFORM_IN = Function("winograd", "omrt_winograd_in_f32", (PTR,) * 3 + (I64,) * 8)
-TRANSFORM_OUT = Function("winograd", "omrt_winograd_out_f32", (PTR,) * 4 + (I64,) * 7 + (F32, F32))
+WINOGRAD = Function("winograd", "omrt_winograd_f32", (PTR,) * 5 + (I64,) * 16 + (F32, F32), blas=True)
 
 G = np.array([[1.0, 0.0, 0.0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0.0, 0.0, 1.0]])
 """The filter transform of F(2x2, 3x3) (interpolation points 0, 1, -1 and infinity)."""
@@ -72,77 +71,47 @@ class WinogradConv(Conv):
                  outputs: Sequence[TensorInfo]) -> None:
         super().__init__(ctx, inputs, outputs)
         oh, ow = self.win.out
-        self.tile_grid = (-(-oh // 2), -(-ow // 2))
-        self.tiles = math.prod(self.tile_grid)
-        self.passes = [(f, min(f + FILTERS_PER_PASS, self.filters))
-                       for f in range(0, self.filters, FILTERS_PER_PASS)]
-        tw = self.tile_grid[1]
+        tw = -(-ow // 2)
+        self.tiles = tw * -(-oh // 2)
         self.rows_bytes = _align(max(8 * (2 * tw + 2), 4 * tw) * 4)
-        self.nbytes = max(self.nbytes, max(t * self._slot(self._per_chunk(t))
-                                           for t in range(1, parallel.MAX_SLOTS + 1)))
+        self.plans = {t: self._plan(t) for t in range(1, parallel.MAX_SLOTS + 1)}
+        self.nbytes = max(self.nbytes, max(v * shared + t * slot for t, (v, slot, _, shared) in self.plans.items()))
         act = activation_code(ctx.attrs)
-        native = ctx.native
-        fns = (native.get(TRANSFORM_IN), native.get(TRANSFORM_OUT)) if native is not None else (None, None)
-        self.c_winograd = fns + (act,) if None not in fns and act is not None else None
-        self.plans: dict[int, tuple[list[tuple[int, int]], int, int]] = {}
+        fn = ctx.native.get(WINOGRAD) if ctx.native is not None else None
+        self.c_winograd = (fn, act) if fn is not None and act is not None else None
 
-    def _per_chunk(self, threads: int) -> int:
-        """Tiles per chunk for each of `threads` threads under their share of SCRATCH_CAP."""
-        per_tile = 16 * (self.inputs[0].shape[1] + min(self.filters, FILTERS_PER_PASS)) * 4
-        return max(1, min(self.tiles, SCRATCH_CAP // threads // per_tile))
+    def _products(self, filters: int, tiles: int) -> int:
+        """Bytes of the products of one pass over `filters` filters and `tiles` tiles."""
+        return _align(16 * min(filters, FILTERS_PER_PASS) * tiles * 4)
 
-    def _slot(self, n: int) -> int:
-        """Scratch bytes of one thread for chunks of `n` tiles: V, the products, and rows."""
-        channels = self.inputs[0].shape[1]
-        return (_align(16 * channels * n * 4) + _align(16 * min(self.filters, FILTERS_PER_PASS) * n * 4)
-                + self.rows_bytes)
+    def _plan(self, threads: int) -> tuple[int, int, int, int]:
+        """(bytes of a V, bytes of each thread's slot, tiles per chunk, shared) on `threads` threads.
 
-    def _plan(self, threads: int) -> tuple[list[tuple[int, int]], int, int]:
-        """(tile ranges, tiles per chunk, bytes per thread) on `threads` threads: chunks of at most
-        _per_chunk(threads) tiles, and at least one per thread when there are enough tiles."""
-        plan = self.plans.get(threads)
-        if plan is None:
-            per_chunk = self._per_chunk(threads)
-            count = max(-(-self.tiles // per_chunk), min(threads, self.tiles))
-            plan = self.plans[threads] = (parallel.spans(self.tiles, count), per_chunk, self._slot(per_chunk))
-        return plan
+        A layer whose tiles all fit one chunk (under SCRATCH_CAP) on one thread, run on several,
+        shares one V: the threads transform blocks of its channels, then multiply blocks of its
+        filters. The others give each thread chunks of tiles of its own, each V, products and
+        rows in the thread's slot, chunks small enough for the threads to share SCRATCH_CAP."""
+        n_images, channels = self.inputs[0].shape[:2]
+        per_tile = 16 * (channels + min(self.filters, FILTERS_PER_PASS)) * 4
+        if threads > 1 and n_images == 1 and self.tiles * per_tile <= SCRATCH_CAP:
+            return (_align(16 * channels * self.tiles * 4),
+                    self._products(-(-self.filters // threads), self.tiles) + self.rows_bytes, self.tiles, 1)
+        per_chunk = max(1, min(self.tiles, SCRATCH_CAP // threads // per_tile))
+        v = _align(16 * channels * per_chunk * 4)
+        return v, v + self._products(self.filters, per_chunk) + self.rows_bytes, per_chunk, 0
 
     def run(self, inputs, outputs, workspace):
         x, y = inputs[0], outputs[0]
         if self.c_winograd is None or not (x.flags.c_contiguous and y.flags.c_contiguous) or y.size == 0:
             super().run(inputs, outputs, workspace)
             return
-        self._winograd(x, inputs[2] if len(inputs) > 2 else None, inputs[3], y, workspace)
-
-    def _winograd(self, x: np.ndarray, b: np.ndarray | None, u: np.ndarray, y: np.ndarray,
-                  workspace: np.ndarray) -> None:
-        transform_in, transform_out, (act, alpha, beta) = self.c_winograd
-        n_images, channels, height, width = x.shape
-        (oh, ow), (pt, pl) = self.win.out, self.win.begin
-        tw = self.tile_grid[1]
+        fn, (act, alpha, beta) = self.c_winograd
+        b = inputs[2] if len(inputs) > 2 else None
         threads = min(parallel.get_num_threads(), parallel.MAX_SLOTS)
-        chunks, per_chunk, slot_bytes = self._plan(threads)
-        image_in, image_out = channels * height * width * 4, self.filters * oh * ow * 4
-        src, dst, bias = address(x), address(y), 0 if b is None else address(b)
-        flat = workspace[:threads * slot_bytes].view(np.float32)
-        v_floats = _align(16 * channels * per_chunk * 4) // 4
-
-        def chunk(j: int, slot: int) -> None:
-            i, k = divmod(j, len(chunks))
-            t0, t1 = chunks[k]
-            n = t1 - t0
-            base = slot * slot_bytes // 4
-            v = flat[base:base + 16 * channels * n].reshape(16, channels, n)
-            products = base + v_floats
-            rows = address(workspace) + slot_bytes * (slot + 1) - self.rows_bytes
-            transform_in(src + i * image_in, address(v), rows, channels, height, width, pt, pl, tw, t0, t1)
-            for f0, f1 in self.passes:
-                m = flat[products:products + 16 * (f1 - f0) * n].reshape(16, f1 - f0, n)
-                np.matmul(u[:, f0:f1], v, out=m)
-                transform_out(address(m), bias and bias + 4 * f0, dst + i * image_out + 4 * f0 * oh * ow,
-                              rows, f1 - f0, oh, ow, tw, t0, t1, act, alpha, beta)
-
-        parallel.parallel_for(n_images * len(chunks), chunk, threads)
+        v, slot, per_chunk, shared = self.plans[threads]
+        (oh, ow), (pt, pl) = self.win.out, self.win.begin
+        fn(address(x), address(inputs[3]), 0 if b is None else address(b), address(y), address(workspace),
+           v // 4, slot // 4, per_chunk, shared, FILTERS_PER_PASS, threads, *x.shape, self.filters, oh, ow, pt, pl, act, alpha, beta)
 
 
 def _align(n: int) -> int:

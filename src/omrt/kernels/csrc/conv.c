@@ -3,7 +3,7 @@
 #include "omrt_native.h"
 
 /* One output plane of a stride-1 layer, on the padded plane (see omrt_pad_plane). */
-static void plane_stride1(const float *xp, const float *wp, float b, float *yp, float *scratch, int64_t H,
+static inline void plane_stride1(const float *xp, const float *wp, float b, float *yp, float *scratch, int64_t H,
                           int64_t W, int64_t OH, int64_t OW, int64_t KH, int64_t KW, int64_t DH, int64_t DW,
                           int64_t PT, int64_t PL) {
     int64_t Wp = OW + (KW - 1) * DW, Hp = OH + (KH - 1) * DH, L = OH * Wp;
@@ -26,7 +26,7 @@ static inline void row_tap(float *yr, const float *xr, float wv, int64_t lo, int
 }
 
 /* One output plane of a strided layer, row by row. */
-static void plane_strided(const float *xp, const float *wp, float b, float *yp, const int64_t *lo,
+static inline void plane_strided(const float *xp, const float *wp, float b, float *yp, const int64_t *lo,
                           const int64_t *hi, int64_t H, int64_t W, int64_t OH, int64_t OW, int64_t KH,
                           int64_t KW, int64_t SH, int64_t SW, int64_t DH, int64_t DW, int64_t PT, int64_t PL) {
     for (int64_t oh = 0; oh < OH; oh++) {
@@ -47,28 +47,44 @@ static void plane_strided(const float *xp, const float *wp, float b, float *yp, 
     }
 }
 
-/* Output planes q in [q0, q1) of y (N x M planes of OH x OW): plane q = (n, m) reads input plane
- * (n, m / mult) of x (N x M/mult planes of H x W) with filter w[m] (KH x KW), adds bias[m] (when
- * bias is not NULL) and applies the fused activation `act`. Stride-1 layers need `scratch` for
- * one padded plane (see omrt_pad_plane). */
-OMRT_EXPORT OMRT_HOT void omrt_dwconv2d_f32(const float *x, const float *w, const float *bias, float *y,
-                                            float *scratch, int64_t q0, int64_t q1, int64_t M, int64_t mult,
-                                            int64_t H, int64_t W, int64_t OH, int64_t OW, int64_t KH,
-                                            int64_t KW, int64_t SH, int64_t SW, int64_t DH, int64_t DW,
-                                            int64_t PT, int64_t PL, int64_t act, float alpha, float beta) {
-    int64_t lo[KW], hi[KW];
-    for (int64_t kw = 0; kw < KW; kw++) omrt_span(kw * DW - PL, W, SW, OW, &lo[kw], &hi[kw]);
-    for (int64_t q = q0; q < q1; q++) {
-        int64_t n = q / M, m = q % M;
-        const float *xp = x + (n * (M / mult) + m / mult) * H * W;
-        float *yp = y + q * OH * OW;
-        float b = bias ? bias[m] : 0.0f;
-        if (SH == 1 && SW == 1)
-            plane_stride1(xp, w + m * KH * KW, b, yp, scratch, H, W, OH, OW, KH, KW, DH, DW, PT, PL);
+typedef struct {
+    const float *x, *w, *bias;
+    float *y, *scratch;
+    int64_t Q, parts, pitch, M, mult, H, W, OH, OW, KH, KW, SH, SW, DH, DW, PT, PL, act;
+    float alpha, beta;
+} dw_job;
+
+static OMRT_HOT void dw_part(void *p, int64_t item, int64_t thread) {
+    const dw_job *j = p;
+    int64_t lo[j->KW], hi[j->KW];
+    for (int64_t kw = 0; kw < j->KW; kw++) omrt_span(kw * j->DW - j->PL, j->W, j->SW, j->OW, &lo[kw], &hi[kw]);
+    for (int64_t q = omrt_part(j->Q, j->parts, item); q < omrt_part(j->Q, j->parts, item + 1); q++) {
+        int64_t n = q / j->M, m = q % j->M;
+        const float *xp = j->x + (n * (j->M / j->mult) + m / j->mult) * j->H * j->W;
+        float *yp = j->y + q * j->OH * j->OW;
+        float b = j->bias ? j->bias[m] : 0.0f;
+        if (j->SH == 1 && j->SW == 1)
+            plane_stride1(xp, j->w + m * j->KH * j->KW, b, yp, j->scratch + thread * j->pitch, j->H, j->W, j->OH,
+                          j->OW, j->KH, j->KW, j->DH, j->DW, j->PT, j->PL);
         else
-            plane_strided(xp, w + m * KH * KW, b, yp, lo, hi, H, W, OH, OW, KH, KW, SH, SW, DH, DW, PT, PL);
-        omrt_activate(yp, OH * OW, act, alpha, beta);
+            plane_strided(xp, j->w + m * j->KH * j->KW, b, yp, lo, hi, j->H, j->W, j->OH, j->OW, j->KH, j->KW,
+                          j->SH, j->SW, j->DH, j->DW, j->PT, j->PL);
+        omrt_activate(yp, j->OH * j->OW, j->act, j->alpha, j->beta);
     }
+}
+
+/* y (N x M planes of OH x OW): plane (n, m) reads input plane (n, m / mult) of x (N x M/mult
+ * planes of H x W) with filter w[m] (KH x KW), adds bias[m] (when bias is not NULL) and applies
+ * the fused activation `act`; the planes are split over `threads` threads. Stride-1 layers need
+ * `scratch` for one padded plane per thread, `pitch` floats apart (see omrt_pad_plane). */
+OMRT_EXPORT void omrt_dwconv2d_f32(const float *x, const float *w, const float *bias, float *y, float *scratch,
+                                   int64_t pitch, int64_t threads, int64_t N, int64_t M, int64_t mult, int64_t H,
+                                   int64_t W, int64_t OH, int64_t OW, int64_t KH, int64_t KW, int64_t SH, int64_t SW,
+                                   int64_t DH, int64_t DW, int64_t PT, int64_t PL, int64_t act, float alpha,
+                                   float beta) {
+    dw_job j = {x, w, bias, y, scratch, N * M, threads < N * M ? threads : N * M, pitch, M, mult, H, W, OH, OW,
+                KH, KW, SH, SW, DH, DW, PT, PL, act, alpha, beta};
+    omrt_parallel(dw_part, &j, j.parts, threads);
 }
 
 /* The im2col columns of output rows [r0, r1) of one image x (C x H x W): row (c, kh, kw) of
@@ -102,4 +118,111 @@ OMRT_EXPORT OMRT_HOT void omrt_im2col_f32(const float *x, float *cols, int64_t p
                     for (int64_t ow = hi[kw]; ow < OW; ow++) dst[ow] = 0.0f;
                 }
             }
+}
+
+/* A dense or grouped 2-d convolution: im2col (none for 1x1 stride-1 unpadded layers) and one
+ * GEMM per group through BLAS, bias and activation applied to each block of the output as soon
+ * as it is written. */
+typedef struct {
+    const float *x, *w, *bias;
+    float *y, *work;
+    int64_t C, H, W, M, G, OH, OW, KH, KW, SH, SW, DH, DW, PT, PL, act;
+    float alpha, beta;
+    int64_t K, Fg, P, step, pitch, buffer, fparts, pparts, gparts;
+    /* what the shared phases work on: output rows [r0, r1) of `image`, their columns b (pitch ldb) */
+    int64_t image, r0, r1, ldb;
+    const float *b;
+} conv_job;
+
+static void gather(const conv_job *j, int64_t image, float *cols, int64_t r0, int64_t r1) {
+    omrt_im2col_f32(j->x + image * j->C * j->H * j->W, cols, j->pitch, r0, r1, j->C, j->H, j->W, j->OW, j->KH,
+                    j->KW, j->SH, j->SW, j->DH, j->DW, j->PT, j->PL);
+}
+
+/* Filters [f0, f1) of group g times columns [p0, p1) of b (pitch ldb; K rows per group), into the
+ * image's output from position `at` on. */
+static void multiply(const conv_job *j, int64_t image, int64_t g, int64_t f0, int64_t f1, const float *b,
+                     int64_t ldb, int64_t p0, int64_t p1, int64_t at) {
+    int64_t m = g * j->Fg + f0;
+    float *c = j->y + (image * j->M + m) * j->P + at + p0;
+    omrt_sgemm(f1 - f0, p1 - p0, j->K, j->w + m * j->K, j->K, b + g * j->K * ldb + p0, ldb, c, j->P);
+    omrt_bias_act(c, f1 - f0, p1 - p0, j->P, j->bias ? j->bias + m : NULL, j->act, j->alpha, j->beta);
+}
+
+/* Part `item` (group, filter block, position block) of the shared product; position blocks
+ * start on 16-float boundaries. */
+static void product_part(void *p, int64_t item, int64_t thread) {
+    const conv_job *j = p;
+    (void)thread;
+    int64_t pp = item % j->pparts, fp = item / j->pparts % j->fparts, g = item / j->pparts / j->fparts;
+    int64_t width = (j->r1 - j->r0) * j->OW;
+    int64_t p0 = omrt_part(width, j->pparts, pp) & ~(int64_t)15;
+    int64_t p1 = pp + 1 == j->pparts ? width : omrt_part(width, j->pparts, pp + 1) & ~(int64_t)15;
+    multiply(j, j->image, g, omrt_part(j->Fg, j->fparts, fp), omrt_part(j->Fg, j->fparts, fp + 1), j->b, j->ldb,
+             p0, p1, j->r0 * j->OW);
+}
+
+/* Rows part `item` of the shared column buffer of rows [r0, r1). */
+static void gather_part(void *p, int64_t item, int64_t thread) {
+    const conv_job *j = p;
+    (void)thread;
+    int64_t rows = j->r1 - j->r0;
+    int64_t a = j->r0 + omrt_part(rows, j->gparts, item), b = j->r0 + omrt_part(rows, j->gparts, item + 1);
+    gather(j, j->image, j->work + (a - j->r0) * j->OW, a, b);
+}
+
+/* Chunk `item` (image, rows) gathered into the thread's own buffer and multiplied whole. */
+static void chunk_part(void *p, int64_t item, int64_t thread) {
+    const conv_job *j = p;
+    int64_t chunks = (j->OH + j->step - 1) / j->step, image = item / chunks, r0 = item % chunks * j->step;
+    int64_t r1 = r0 + j->step < j->OH ? r0 + j->step : j->OH;
+    float *cols = j->work + thread * j->buffer;
+    gather(j, image, cols, r0, r1);
+    for (int64_t g = 0; g < j->G; g++) multiply(j, image, g, 0, j->Fg, cols, j->pitch, 0, (r1 - r0) * j->OW, r0 * j->OW);
+}
+
+/* How the shared product of `width` positions is cut: parts per group until every thread gets
+ * the same number of items (or at least four), along filters when they outnumber positions. */
+static void cut_product(conv_job *j, int64_t width, int64_t threads) {
+    int64_t per_group = 1;
+    while (threads > 1 && (j->G * per_group) % threads != 0 && j->G * per_group < 4 * threads) per_group++;
+    int64_t blocks = width / 16 > 1 ? width / 16 : 1;
+    j->fparts = j->Fg >= width ? (per_group < j->Fg ? per_group : j->Fg) : 1;
+    j->pparts = j->Fg >= width ? 1 : (per_group < blocks ? per_group : blocks);
+}
+
+/* y (N, M, OH, OW) = conv of x (N, C, H, W) with w (M, C/G, KH, KW) in G groups, plus bias (when
+ * not NULL) and the activation `act`. Columns are gathered `step` output rows at a time into
+ * `work`: with buffer > 0 every thread has a buffer of its own (`buffer` floats apart) and takes
+ * whole chunks; with buffer == 0 the threads gather one shared buffer, then split its product. */
+OMRT_EXPORT void omrt_conv2d_f32(const float *x, const float *w, const float *bias, float *y, float *work,
+                                 int64_t step, int64_t buffer, int64_t threads, int64_t N, int64_t C, int64_t H,
+                                 int64_t W, int64_t M, int64_t G, int64_t OH, int64_t OW, int64_t KH, int64_t KW,
+                                 int64_t SH, int64_t SW, int64_t DH, int64_t DW, int64_t PT, int64_t PL, int64_t act,
+                                 float alpha, float beta) {
+    conv_job j = {.x = x, .w = w, .bias = bias, .y = y, .work = work, .C = C, .H = H, .W = W, .M = M, .G = G,
+                  .OH = OH, .OW = OW, .KH = KH, .KW = KW, .SH = SH, .SW = SW, .DH = DH, .DW = DW, .PT = PT,
+                  .PL = PL, .act = act, .alpha = alpha, .beta = beta, .K = C / G * KH * KW, .Fg = M / G,
+                  .P = OH * OW, .step = step, .pitch = step * OW, .buffer = buffer};
+    int pointwise = KH == 1 && KW == 1 && SH == 1 && SW == 1 && PT == 0 && PL == 0 && OH == H && OW == W;
+    if (!pointwise && buffer > 0) {
+        omrt_parallel(chunk_part, &j, N * ((OH + step - 1) / step), threads);
+        return;
+    }
+    if (pointwise) step = OH;
+    for (j.image = 0; j.image < N; j.image++)
+        for (j.r0 = 0; j.r0 < OH; j.r0 += step) {
+            j.r1 = j.r0 + step < OH ? j.r0 + step : OH;
+            if (pointwise) {
+                j.b = x + j.image * C * H * W;
+                j.ldb = j.P;
+            } else {
+                j.gparts = threads < j.r1 - j.r0 ? threads : j.r1 - j.r0;
+                omrt_parallel(gather_part, &j, j.gparts, threads);
+                j.b = work;
+                j.ldb = j.pitch;
+            }
+            cut_product(&j, (j.r1 - j.r0) * OW, threads);
+            omrt_parallel(product_part, &j, G * j.fparts * j.pparts, threads);
+        }
 }

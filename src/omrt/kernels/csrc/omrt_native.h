@@ -1,9 +1,10 @@
 /* Shared definitions of omrt's native kernel units (see omrt/kernels/native.py).
  *
- * Every exported function takes C-contiguous float32 arrays and int64 sizes, returns nothing and
- * touches only the output range it is given, so that omrt's threads may call it on disjoint parts
- * of one tensor at once. Hot loops are compiled once per x86-64 level and picked at load time by
- * the dynamic loader, so one library runs on any x86-64 host at its best.
+ * Every exported function takes C-contiguous float32 arrays and int64 sizes and returns nothing;
+ * a `threads` argument says how many of the worker pool's threads (workers.c) it may spread its
+ * work over, each with its part of any scratch it is given. Hot loops are compiled once per
+ * x86-64 level and picked at load time by the dynamic loader, so one library runs on any x86-64
+ * host at its best.
  */
 #ifndef OMRT_NATIVE_H
 #define OMRT_NATIVE_H
@@ -41,6 +42,32 @@ static inline void omrt_activate(float *y, int64_t n, int64_t act, float alpha, 
         break;
     default:
         break;
+    }
+}
+
+/* The worker pool (workers.c): fn(ctx, item, thread) for every item in [0, count), on up to
+ * `threads` threads (thread 0 is the caller), returning when all are done. Items must write
+ * disjoint memory; `thread` lets each use scratch of its own. */
+typedef void (*omrt_item_fn)(void *ctx, int64_t item, int64_t thread);
+void omrt_parallel(omrt_item_fn fn, void *ctx, int64_t count, int64_t threads);
+
+/* c (m x n, row pitch ldc) = a (m x k) @ b (k x n), row-major, through the BLAS numpy uses. */
+void omrt_sgemm(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, const float *b, int64_t ldb,
+                float *c, int64_t ldc);
+
+/* Start of part i of `total` split into `parts` nearly equal consecutive ranges. */
+static inline int64_t omrt_part(int64_t total, int64_t parts, int64_t i) { return total * i / parts; }
+
+/* Rows of c (rows x cols, pitch ldc): + bias[row] (when bias is not NULL), then the activation. */
+static inline void omrt_bias_act(float *c, int64_t rows, int64_t cols, int64_t ldc, const float *bias,
+                                 int64_t act, float alpha, float beta) {
+    for (int64_t r = 0; r < rows; r++) {
+        float *row = c + r * ldc;
+        if (bias) {
+            const float b = bias[r];
+            for (int64_t i = 0; i < cols; i++) row[i] += b;
+        }
+        omrt_activate(row, cols, act, alpha, beta);
     }
 }
 

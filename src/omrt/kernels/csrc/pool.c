@@ -70,21 +70,24 @@ static int plane_stride1(const float *xp, float *yp, const float *inv_count, flo
     return 1;
 }
 
-/* y[p] = pool of x[p] for planes p in [p0, p1). Stride-1 pools run on a padded plane in
- * `scratch` (see omrt_pad_plane); the others one output row at a time: the rows its windows
- * read are first reduced into `scratch` (W floats), then the columns. `inv_count` (OH*OW) holds
- * 1 / the divisor of each window for average pooling (ignored for max). Reads outside the input
- * are padding: -inf for max, nothing for average (the divisor says whether pads count). */
-OMRT_EXPORT OMRT_HOT void omrt_pool2d_f32(const float *x, float *y, const float *inv_count, float *scratch,
-                                          int64_t p0, int64_t p1, int64_t H, int64_t W, int64_t OH,
-                                          int64_t OW, int64_t KH, int64_t KW, int64_t SH, int64_t SW,
-                                          int64_t DH, int64_t DW, int64_t PT, int64_t PL, int64_t is_max) {
+typedef struct {
+    const float *x, *inv_count;
+    float *y, *scratch;
+    int64_t planes, parts, pitch, H, W, OH, OW, KH, KW, SH, SW, DH, DW, PT, PL, is_max;
+} pool_job;
+
+static OMRT_HOT void pool_part(void *p, int64_t item, int64_t thread) {
+    const pool_job *j = p;
+    const int64_t H = j->H, W = j->W, OH = j->OH, OW = j->OW, KH = j->KH, KW = j->KW, SH = j->SH, SW = j->SW,
+                  DH = j->DH, DW = j->DW, PT = j->PT, PL = j->PL, is_max = j->is_max;
+    const float *inv_count = j->inv_count;
+    float *scratch = j->scratch + thread * j->pitch;
     float init = is_max ? -INFINITY : 0.0f;
     int64_t lo[KW], hi[KW];
     for (int64_t kw = 0; kw < KW; kw++) omrt_span(kw * DW - PL, W, SW, OW, &lo[kw], &hi[kw]);
-    for (int64_t p = p0; p < p1; p++) {
-        const float *xp = x + p * H * W;
-        float *yp = y + p * OH * OW;
+    for (int64_t p = omrt_part(j->planes, j->parts, item); p < omrt_part(j->planes, j->parts, item + 1); p++) {
+        const float *xp = j->x + p * H * W;
+        float *yp = j->y + p * OH * OW;
         if (SH == 1 && SW == 1 &&
             plane_stride1(xp, yp, inv_count, scratch, H, W, OH, OW, KH, KW, DH, DW, PT, PL, is_max))
             continue;
@@ -116,4 +119,19 @@ OMRT_EXPORT OMRT_HOT void omrt_pool2d_f32(const float *x, float *y, const float 
             }
         }
     }
+}
+
+/* y[p] = pool of x[p] for each of the `planes` planes, split over `threads` threads. Stride-1
+ * pools run on a padded plane in scratch (see omrt_pad_plane); the others one output row at a
+ * time: the rows its windows read are first reduced into scratch (W floats), then the columns.
+ * Each thread's scratch is `pitch` floats after the previous one's. `inv_count` (OH*OW) holds
+ * 1 / the divisor of each window for average pooling (ignored for max). Reads outside the input
+ * are padding: -inf for max, nothing for average (the divisor says whether pads count). */
+OMRT_EXPORT void omrt_pool2d_f32(const float *x, float *y, const float *inv_count, float *scratch, int64_t pitch,
+                                 int64_t threads, int64_t planes, int64_t H, int64_t W, int64_t OH, int64_t OW,
+                                 int64_t KH, int64_t KW, int64_t SH, int64_t SW, int64_t DH, int64_t DW, int64_t PT,
+                                 int64_t PL, int64_t is_max) {
+    pool_job j = {x, inv_count, y, scratch, planes, threads < planes ? threads : planes, pitch, H, W, OH, OW, KH,
+                  KW, SH, SW, DH, DW, PT, PL, is_max};
+    omrt_parallel(pool_part, &j, j.parts, threads);
 }

@@ -6,14 +6,13 @@
  * grid `tw` tiles wide; element e = i * 4 + k of a transformed tile is row i, column k. */
 #include "omrt_native.h"
 
-/* V[e][c][t - t0] for tiles t in [t0, t1) of every channel c of x (C x H x W); tile (ty, tx)
- * reads rows 2ty - PT .. +3 and columns 2tx - PL .. +3, zero outside. `scratch` holds
- * 8 * (2 * tw + 2) floats. */
-OMRT_EXPORT OMRT_HOT_AVX2 void omrt_winograd_in_f32(const float *restrict x, float *restrict V,
-                                                    float *restrict scratch, int64_t C, int64_t H,
-                                                    int64_t W, int64_t PT, int64_t PL, int64_t tw,
-                                                    int64_t t0, int64_t t1) {
-    const int64_t wp = 2 * tw + 2, n = t1 - t0, cn = C * n;
+/* V[e][c][t - t0] (element e `cn` floats after e - 1) for tiles t in [t0, t1) of every channel c
+ * of x (C x H x W); tile (ty, tx) reads rows 2ty - PT .. +3 and columns 2tx - PL .. +3, zero
+ * outside. `scratch` holds 8 * (2 * tw + 2) floats. */
+static OMRT_HOT_AVX2 void transform_in(const float *restrict x, float *restrict V, float *restrict scratch,
+                                       int64_t C, int64_t H, int64_t W, int64_t PT, int64_t PL, int64_t tw,
+                                       int64_t t0, int64_t t1, int64_t cn) {
+    const int64_t wp = 2 * tw + 2, n = t1 - t0;
     float *restrict rows = scratch, *restrict cols = scratch + 4 * wp;
     for (int64_t c = 0; c < C; c++) {
         const float *xc = x + c * H * W;
@@ -60,10 +59,9 @@ OMRT_EXPORT OMRT_HOT_AVX2 void omrt_winograd_in_f32(const float *restrict x, flo
 /* y (F x OH x OW) for tiles [t0, t1) from the products M[e][f][t - t0], plus bias[f] (when not
  * NULL) and the fused activation; only the rows and columns inside y are written. `scratch`
  * holds 4 * tw floats. */
-OMRT_EXPORT OMRT_HOT_AVX2 void omrt_winograd_out_f32(const float *restrict M, const float *restrict bias,
-                                                     float *restrict y, float *restrict scratch, int64_t F,
-                                                     int64_t OH, int64_t OW, int64_t tw, int64_t t0,
-                                                     int64_t t1, int64_t act, float alpha, float beta) {
+static OMRT_HOT_AVX2 void transform_out(const float *restrict M, const float *restrict bias, float *restrict y,
+                                        float *restrict scratch, int64_t F, int64_t OH, int64_t OW, int64_t tw,
+                                        int64_t t0, int64_t t1, int64_t act, float alpha, float beta) {
     const int64_t wb = 2 * tw, n = t1 - t0, fn = F * n;
     for (int64_t f = 0; f < F; f++) {
         const float b = bias ? bias[f] : 0.0f;
@@ -95,4 +93,83 @@ OMRT_EXPORT OMRT_HOT_AVX2 void omrt_winograd_out_f32(const float *restrict M, co
             t += tx1 - tx0;
         }
     }
+}
+
+typedef struct {
+    const float *x, *U, *bias;
+    float *y, *work;
+    int64_t v_floats, slot_floats, chunk_tiles, fpass, N, C, H, W, F, OH, OW, PT, PL, act;
+    float alpha, beta;
+    int64_t tw, tiles, rows, chunks, cblocks, fblocks;
+} wg_job;
+
+/* The products of filters [f0, f1) with V (tiles [t0, t1), element stride C * n), `fpass`
+ * filters at a time, transformed back into y. */
+static void multiply(const wg_job *j, const float *V, float *M, float *rows, float *y, int64_t f0, int64_t f1,
+                     int64_t t0, int64_t t1) {
+    const int64_t n = t1 - t0;
+    for (int64_t a = f0; a < f1; a += j->fpass) {
+        const int64_t fp = f1 - a < j->fpass ? f1 - a : j->fpass;
+        for (int64_t e = 0; e < 16; e++)
+            omrt_sgemm(fp, n, j->C, j->U + (e * j->F + a) * j->C, j->C, V + e * j->C * n, n, M + e * fp * n, n);
+        transform_out(M, j->bias ? j->bias + a : NULL, y + a * j->OH * j->OW, rows, fp, j->OH, j->OW, j->tw, t0, t1,
+                      j->act, j->alpha, j->beta);
+    }
+}
+
+/* Chunk `item` (image, tiles) in the thread's own slot: V, then the products, then rows. */
+static void chunk_part(void *p, int64_t item, int64_t thread) {
+    const wg_job *j = p;
+    const int64_t image = item / j->chunks, k = item % j->chunks;
+    const int64_t t0 = omrt_part(j->tiles, j->chunks, k), t1 = omrt_part(j->tiles, j->chunks, k + 1);
+    float *V = j->work + thread * j->slot_floats, *M = V + j->v_floats, *rows = V + j->slot_floats - j->rows;
+    transform_in(j->x + image * j->C * j->H * j->W, V, rows, j->C, j->H, j->W, j->PT, j->PL, j->tw, t0, t1,
+                 j->C * (t1 - t0));
+    multiply(j, V, M, rows, j->y + image * j->F * j->OH * j->OW, 0, j->F, t0, t1);
+}
+
+/* Shared phase 1, part `item`: a block of channels of all tiles into the shared V. */
+static void channels_part(void *p, int64_t item, int64_t thread) {
+    const wg_job *j = p;
+    const int64_t c0 = omrt_part(j->C, j->cblocks, item), c1 = omrt_part(j->C, j->cblocks, item + 1);
+    float *rows = j->work + j->v_floats + (thread + 1) * j->slot_floats - j->rows;
+    transform_in(j->x + c0 * j->H * j->W, j->work + c0 * j->tiles, rows, c1 - c0, j->H, j->W, j->PT, j->PL, j->tw, 0,
+                 j->tiles, j->C * j->tiles);
+}
+
+/* Shared phase 2, part `item`: a block of filters multiplied and transformed back. */
+static void filters_part(void *p, int64_t item, int64_t thread) {
+    const wg_job *j = p;
+    float *M = j->work + j->v_floats + thread * j->slot_floats, *rows = M + j->slot_floats - j->rows;
+    multiply(j, j->work, M, rows, j->y, omrt_part(j->F, j->fblocks, item), omrt_part(j->F, j->fblocks, item + 1), 0,
+             j->tiles);
+}
+
+/* y (N, F, OH, OW) = the 3x3 stride-1 convolution of x (N, C, H, W), pads PT/PL, whose filters
+ * transformed are U (16, F, C), plus bias and activation, on `threads` threads.
+ * shared == 0: tiles go in chunks of at most `chunk_tiles` (at least one per thread), each in a
+ * thread's own slot of `slot_floats` floats in `work` (V: v_floats, then the products, then
+ * rows). shared == 1 (one image, all tiles at once): the threads transform blocks of channels
+ * into a V of v_floats floats at the start of `work`, then multiply blocks of filters, each in a
+ * slot of its own after V (the products, then rows). */
+OMRT_EXPORT void omrt_winograd_f32(const float *x, const float *U, const float *bias, float *y, float *work,
+                                   int64_t v_floats, int64_t slot_floats, int64_t chunk_tiles, int64_t shared,
+                                   int64_t fpass, int64_t threads, int64_t N, int64_t C, int64_t H, int64_t W,
+                                   int64_t F, int64_t OH, int64_t OW, int64_t PT, int64_t PL, int64_t act, float alpha,
+                                   float beta) {
+    const int64_t tw = (OW + 1) / 2;
+    wg_job j = {.x = x, .U = U, .bias = bias, .y = y, .work = work, .v_floats = v_floats, .slot_floats = slot_floats,
+                .chunk_tiles = chunk_tiles, .fpass = fpass, .N = N, .C = C, .H = H, .W = W, .F = F, .OH = OH, .OW = OW,
+                .PT = PT, .PL = PL, .act = act, .alpha = alpha, .beta = beta, .tw = tw, .tiles = tw * ((OH + 1) / 2),
+                .rows = ((8 * (2 * tw + 2) > 4 * tw ? 8 * (2 * tw + 2) : 4 * tw) + 15) & ~(int64_t)15};
+    if (shared) {
+        j.cblocks = threads < C ? threads : C;
+        j.fblocks = threads < F ? threads : F;
+        omrt_parallel(channels_part, &j, j.cblocks, threads);
+        omrt_parallel(filters_part, &j, j.fblocks, threads);
+        return;
+    }
+    j.chunks = (j.tiles + chunk_tiles - 1) / chunk_tiles;
+    if (j.chunks < threads) j.chunks = threads < j.tiles ? threads : j.tiles;
+    omrt_parallel(chunk_part, &j, N * j.chunks, threads);
 }

@@ -1,0 +1,156 @@
+/* omrt's native worker threads, built into every native library: a small persistent pool that
+ * runs the items of one kernel call (tile chunks, column blocks, planes) on several cores with
+ * no Python between them, and the BLAS sgemm those items call.
+ *
+ * A call hands the pool a job; the calling thread takes items too and returns once all are done.
+ * Idle workers spin for SPIN_NS, so that the layers of one run find them awake (waking a sleeping
+ * thread costs tens of microseconds), then sleep on a condition variable. One job runs at a time:
+ * a call that finds the pool busy (another thread's run, or a call from inside an item) runs its
+ * items itself. A forked child starts with no workers and makes new ones on first use. The
+ * library is never unloaded (see omrt.kernelstore), so the workers live as long as the process.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include "omrt_native.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <time.h>
+
+#if defined(__x86_64__) || defined(__i386__)
+#define CPU_RELAX() __builtin_ia32_pause()
+#elif defined(__aarch64__)
+#define CPU_RELAX() __asm__ __volatile__("yield")
+#else
+#define CPU_RELAX() ((void)0)
+#endif
+
+#define MAX_WORKERS 63
+#define SPIN_NS 300000
+
+typedef struct {
+    omrt_item_fn fn;
+    void *ctx;
+    int64_t count, width;
+    _Atomic int64_t next, done;
+} job_t;
+
+static struct {
+    pthread_mutex_t busy, sleep_lock;
+    pthread_cond_t wake;
+    _Atomic(job_t *) current;
+    _Atomic uint64_t epoch;
+    _Atomic int sleepers, active;
+    int workers;
+    pthread_t threads[MAX_WORKERS];
+} P = {.busy = PTHREAD_MUTEX_INITIALIZER, .sleep_lock = PTHREAD_MUTEX_INITIALIZER, .wake = PTHREAD_COND_INITIALIZER};
+
+static int64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+static void take_items(job_t *j, int64_t thread) {
+    int64_t i;
+    while ((i = atomic_fetch_add(&j->next, 1)) < j->count) {
+        j->fn(j->ctx, i, thread);
+        atomic_fetch_add_explicit(&j->done, 1, memory_order_release);
+    }
+}
+
+/* Wait until the epoch moves past `seen`: spin first, then sleep. */
+static uint64_t wait_for_job(uint64_t seen) {
+    int64_t t0 = now_ns();
+    uint64_t e;
+    for (unsigned k = 1; (e = atomic_load(&P.epoch)) == seen; k++) {
+        CPU_RELAX();
+        if ((k & 255) == 0 && now_ns() - t0 > SPIN_NS) {
+            pthread_mutex_lock(&P.sleep_lock);
+            atomic_fetch_add(&P.sleepers, 1);
+            while ((e = atomic_load(&P.epoch)) == seen) pthread_cond_wait(&P.wake, &P.sleep_lock);
+            atomic_fetch_sub(&P.sleepers, 1);
+            pthread_mutex_unlock(&P.sleep_lock);
+            break;
+        }
+    }
+    return e;
+}
+
+/* A worker registers as active before it looks at the job, and the caller clears the job and
+ * waits for the active count to drop before it returns: no worker touches a finished job. */
+static void *worker(void *arg) {
+    int64_t thread = (int64_t)(intptr_t)arg;
+    uint64_t seen = atomic_load(&P.epoch);
+    for (;;) {
+        seen = wait_for_job(seen);
+        atomic_fetch_add(&P.active, 1);
+        job_t *j = atomic_load(&P.current);
+        if (j != NULL && thread < j->width) take_items(j, thread);
+        atomic_fetch_sub(&P.active, 1);
+    }
+    return NULL;
+}
+
+static void reset_in_child(void) {
+    pthread_mutex_init(&P.busy, NULL);
+    pthread_mutex_init(&P.sleep_lock, NULL);
+    pthread_cond_init(&P.wake, NULL);
+    atomic_store(&P.current, NULL);
+    atomic_store(&P.sleepers, 0);
+    atomic_store(&P.active, 0);
+    P.workers = 0;
+}
+
+__attribute__((constructor)) static void register_fork_handler(void) {
+    pthread_atfork(NULL, NULL, reset_in_child);
+}
+
+void omrt_parallel(omrt_item_fn fn, void *ctx, int64_t count, int64_t threads) {
+    int64_t width = threads < count ? threads : count;
+    if (width > MAX_WORKERS + 1) width = MAX_WORKERS + 1;
+    if (width <= 1 || pthread_mutex_trylock(&P.busy) != 0) {
+        for (int64_t i = 0; i < count; i++) fn(ctx, i, 0);
+        return;
+    }
+    while (P.workers < width - 1 &&
+           pthread_create(&P.threads[P.workers], NULL, worker, (void *)(intptr_t)(P.workers + 1)) == 0)
+        P.workers++;
+    job_t j = {.fn = fn, .ctx = ctx, .count = count, .width = P.workers + 1 < width ? P.workers + 1 : width};
+    atomic_store(&P.current, &j);
+    atomic_fetch_add(&P.epoch, 1);
+    if (atomic_load(&P.sleepers) > 0) {
+        pthread_mutex_lock(&P.sleep_lock);
+        pthread_cond_broadcast(&P.wake);
+        pthread_mutex_unlock(&P.sleep_lock);
+    }
+    take_items(&j, 0);
+    while (atomic_load_explicit(&j.done, memory_order_acquire) < count) CPU_RELAX();
+    atomic_store(&P.current, NULL);
+    while (atomic_load(&P.active) > 0) CPU_RELAX();
+    pthread_mutex_unlock(&P.busy);
+}
+
+typedef void (*sgemm_ilp64)(int, int, int, int64_t, int64_t, int64_t, float, const float *, int64_t,
+                            const float *, int64_t, float, float *, int64_t);
+typedef void (*sgemm_lp64)(int, int, int, int, int, int, float, const float *, int, const float *, int,
+                           float, float *, int);
+static void *sgemm_fn;
+static int sgemm_is_ilp64;
+
+/* The CBLAS sgemm the kernels call (the BLAS numpy uses, found by omrt at load), and whether it
+ * takes 64-bit sizes. */
+OMRT_EXPORT void omrt_use_sgemm(void *fn, int64_t ilp64) {
+    sgemm_fn = fn;
+    sgemm_is_ilp64 = ilp64 != 0;
+}
+
+enum { ROW_MAJOR = 101, NO_TRANS = 111 };
+
+void omrt_sgemm(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, const float *b, int64_t ldb,
+                float *c, int64_t ldc) {
+    if (sgemm_is_ilp64)
+        ((sgemm_ilp64)sgemm_fn)(ROW_MAJOR, NO_TRANS, NO_TRANS, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, c, ldc);
+    else
+        ((sgemm_lp64)sgemm_fn)(ROW_MAJOR, NO_TRANS, NO_TRANS, (int)m, (int)n, (int)k, 1.0f, a, (int)lda, b,
+                               (int)ldb, 0.0f, c, (int)ldc);
+}
