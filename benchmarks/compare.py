@@ -15,7 +15,8 @@ Each model is measured in a subprocess of its own (so one model's memory never w
 next), started with OPENBLAS_NUM_THREADS=1. In it the model is compiled once and measured at each
 thread count by `omrt.bench` (`omrt bench` measures one model the same way; its docstring tells
 the method): omrt with its I/O bound once, ORT `run()` and ORT IOBinding, the same seeded random
-inputs for all three, warm-up runs, then timed runs in interleaved blocks, medians and 90th
+inputs for all three, warm-up runs, then timed runs in interleaved blocks (each after a pause that
+lets the other runtime's spinning threads go quiet), medians and 90th
 percentiles, the ratio omrt/ORT of medians, and an output check against ORT. Here the ratios are
 also summed up as geometric means over the models, and a per-variant time budget caps the number
 of runs for slow models (the count actually made is reported).
@@ -204,7 +205,8 @@ def build(name: str, tmp: str) -> str:
 
 # ---------------------------------------------------------------------------------- the worker
 
-def measure(name: str, threads: list[int], runs: int, warmup: int, block: int, budget: float) -> dict:
+def measure(name: str, threads: list[int], runs: int, warmup: int, block: int, budget: float,
+            settle: float) -> dict:
     """Compile `name`, then time omrt and ORT at each thread count; returns a JSON-able dict."""
     import omrt
 
@@ -218,7 +220,8 @@ def measure(name: str, threads: list[int], runs: int, warmup: int, block: int, b
         except omrt.OmrtError as e:
             return {**out, "error": f"omrt: {type(e).__name__}: {e}"}
         out.update(bench.describe(target))
-        out["threads"] = {str(n): bench.measure_threads(target, n, runs, warmup, block, budget) for n in threads}
+        out["threads"] = {str(n): bench.measure_threads(target, n, runs, warmup, block, budget, settle)
+                          for n in threads}
     return out
 
 
@@ -232,6 +235,7 @@ def geomean(xs: list[float]) -> float:
 def spawn(name: str, args: argparse.Namespace) -> dict:
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", name, "--runs", str(args.runs),
            "--warmup", str(args.warmup), "--block", str(args.block), "--budget", str(args.budget),
+           "--settle", str(args.settle),
            "--threads", ",".join(map(str, args.threads))]
     proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OPENBLAS_NUM_THREADS": "1"})
     if proc.returncode != 0:
@@ -316,6 +320,9 @@ def main(argv=None) -> int:
     ap.add_argument("--budget", type=float, default=20.0,
                     help="seconds per variant and thread count after which a slow model stops early "
                          "(at least 5 runs are made; default 20)")
+    ap.add_argument("--settle", type=float, default=bench.SETTLE_S,
+                    help="seconds of pause before each block, so that it starts with the other runtime's "
+                         f"threads quiet (default {bench.SETTLE_S:g}; 0 runs the blocks back to back)")
     ap.add_argument("--json", metavar="FILE", help="write every figure here")
     ap.add_argument("--png", metavar="FILE", help="draw the ratios here")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
@@ -327,12 +334,14 @@ def main(argv=None) -> int:
         args.warmup = min(5, args.runs)
 
     if args.worker:
-        print(json.dumps(measure(args.worker, args.threads, args.runs, args.warmup, args.block, args.budget)))
+        print(json.dumps(measure(args.worker, args.threads, args.runs, args.warmup, args.block, args.budget,
+                                 args.settle)))
         return 0
 
     models = [m.strip() for m in args.models.split(",") if m.strip()] if args.models else default_models()
     print(f"omrt vs ONNX Runtime: {len(models)} models, threads {args.threads}, {args.runs} timed runs "
-          f"(budget {args.budget:g} s per variant), {args.warmup} warm-up runs, blocks of {args.block}")
+          f"(budget {args.budget:g} s per variant), {args.warmup} warm-up runs, blocks of {args.block} "
+          f"{args.settle:g} s apart")
     load_before = os.getloadavg() if hasattr(os, "getloadavg") else None
     results = []
     for name in models:

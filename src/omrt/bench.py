@@ -16,8 +16,9 @@ Per thread count n:
 
 All three get the same input arrays, and omrt's outputs are checked against ORT's once (rtol 1e-3,
 atol 1e-4). Warm-up runs come first, then the timed runs go in interleaved blocks (omrt, ORT run,
-ORT IOBinding, omrt, ...) so that drift in machine load falls on all three alike; medians and 90th
-percentiles are reported, and the ratio omrt/ORT of medians.
+ORT IOBinding, omrt, ...) so that drift in machine load falls on all three alike, each block after
+a pause of SETTLE_S (ORT's threads spin on after its runs, and would slow the block after its);
+medians and 90th percentiles are reported, and the ratio omrt/ORT of medians.
 
 Inputs are drawn from one numpy generator seeded with `seed`, in the model's input order: floats
 uniform in [0, 1), uint8 uniform over 0..255, bool true with probability 1/2, other integers
@@ -46,6 +47,9 @@ RTOL, ATOL = 1e-3, 1e-4
 ORT_MISSING = "onnxruntime is not installed (pip install onnxruntime)"
 STARTUP_REPS = 5
 """How many times load + first session and ORT session creation are each timed."""
+SETTLE_S = 0.1
+"""Pause before each timed block: ORT's intra-op threads spin for about 45 ms after its last
+run, and would otherwise take a core from the block after theirs (omrt's workers spin 0.3 ms)."""
 
 
 def import_ort() -> Any | None:
@@ -183,10 +187,12 @@ def stats(times: list[float]) -> dict:
             "min_ms": float(a.min() * 1e3), "runs": len(times)}
 
 
-def interleave(fns: Mapping[str, Callable[[], Any]], runs: int, block: int,
-               budget: float) -> dict[str, list[float]]:
-    """Time each function `runs` times in interleaved blocks of `block`; stop early (after at least
-    5 runs each) once the whole has taken `budget` seconds per function."""
+def interleave(fns: Mapping[str, Callable[[], Any]], runs: int, block: int, budget: float,
+               settle: float = SETTLE_S) -> dict[str, list[float]]:
+    """Time each function `runs` times in interleaved blocks of `block`, each block `settle`
+    seconds after the one before (so that each starts with the threads of the others quiet);
+    stop early (after at least 5 runs each) once the blocks have taken `budget` seconds per
+    function."""
     times: dict[str, list[float]] = {k: [] for k in fns}
     first = next(iter(fns))
     start = time.perf_counter()
@@ -194,6 +200,8 @@ def interleave(fns: Mapping[str, Callable[[], Any]], runs: int, block: int,
         todo = min(block, runs - len(times[first]))
         for key, fn in fns.items():
             ts = times[key]
+            time.sleep(settle)
+            start += settle
             for _ in range(todo):
                 t = time.perf_counter()
                 fn()
@@ -204,7 +212,7 @@ def interleave(fns: Mapping[str, Callable[[], Any]], runs: int, block: int,
 
 
 def measure_threads(target: Target, threads: int, runs: int, warmup: int, block: int = 5,
-                    budget: float = math.inf) -> dict:
+                    budget: float = math.inf, settle: float = SETTLE_S) -> dict:
     """Time omrt, and ORT run() and IOBinding when onnxruntime is installed, on `threads` threads."""
     from .kernels.parallel import blas_threads
 
@@ -238,7 +246,7 @@ def measure_threads(target: Target, threads: int, runs: int, warmup: int, block:
             for _ in range(warmup):
                 fn()
         copied0, runs0 = sess.stats.bytes_copied, sess.stats.runs
-        times = interleave(fns, runs, block, budget)
+        times = interleave(fns, runs, block, budget, settle)
         rec["bytes_copied_per_run"] = (sess.stats.bytes_copied - copied0) / max(sess.stats.runs - runs0, 1)
     rec.update({k: stats(v) for k, v in times.items()})
     if ort is not None:

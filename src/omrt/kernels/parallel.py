@@ -6,7 +6,8 @@ core. With `set_num_threads(n)`, n > 1, omrt instead splits its kernels' work in
 pieces (column chunks of a convolution, row or column blocks of a product, groups) and runs them
 on n threads of its own, each piece a single-threaded BLAS call or numpy loop that releases the
 GIL. Pieces are taken first come, first served: when a worker is late (its core busy), the caller
-takes its share and never waits for a worker that took nothing.
+takes its share and never waits for a worker that took nothing. (A model's native kernels run
+their layers on the native library's own threads, csrc/workers.c, told the same count.)
 """
 
 from __future__ import annotations

@@ -3,9 +3,10 @@
 A layer's output is cut into 2x2 tiles, each computed from a 4x4 input tile: the input tiles are
 transformed (V = B^T d B), multiplied by the filters transformed ahead of time (U = G g G^T) as 16
 GEMMs over all channels, and transformed back (Y = A^T M A), bias and activation included. The
-transforms are C loops (csrc/winograd.c); the GEMMs are BLAS. The compiler rewrites a Conv into
-this op only when it packs the native library, and the node keeps the Conv's own filters: without
-the library (not trusted, another host) it runs as the Conv it was.
+whole layer is one C call (csrc/winograd.c) on the native workers, its GEMMs through numpy's
+BLAS. The compiler rewrites a Conv into this op only when it packs the native library, and the
+node keeps the Conv's own filters: without the library (not trusted, another host, no CBLAS
+sgemm under numpy) it runs as the Conv it was.
 """
 
 from __future__ import annotations
@@ -111,7 +112,8 @@ class WinogradConv(Conv):
         v, slot, per_chunk, shared = self.plans[threads]
         (oh, ow), (pt, pl) = self.win.out, self.win.begin
         fn(address(x), address(inputs[3]), 0 if b is None else address(b), address(y), address(workspace),
-           v // 4, slot // 4, per_chunk, shared, FILTERS_PER_PASS, threads, *x.shape, self.filters, oh, ow, pt, pl, act, alpha, beta)
+           v // 4, slot // 4, per_chunk, shared, FILTERS_PER_PASS, threads, *x.shape, self.filters, oh, ow, pt, pl,
+           act, alpha, beta)
 
 
 def _align(n: int) -> int:

@@ -178,7 +178,8 @@ static void chunk_part(void *p, int64_t item, int64_t thread) {
     int64_t r1 = r0 + j->step < j->OH ? r0 + j->step : j->OH;
     float *cols = j->work + thread * j->buffer;
     gather(j, image, cols, r0, r1);
-    for (int64_t g = 0; g < j->G; g++) multiply(j, image, g, 0, j->Fg, cols, j->pitch, 0, (r1 - r0) * j->OW, r0 * j->OW);
+    for (int64_t g = 0; g < j->G; g++)
+        multiply(j, image, g, 0, j->Fg, cols, j->pitch, 0, (r1 - r0) * j->OW, r0 * j->OW);
 }
 
 /* How the shared product of `width` positions is cut: parts per group until every thread gets
