@@ -13,6 +13,7 @@
 #include "omrt_native.h"
 
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <time.h>
 
@@ -26,6 +27,15 @@
 
 #define MAX_WORKERS 63
 #define SPIN_NS 300000
+/* Spinning threads yield their core every YIELD_EVERY pauses (tens of microseconds): when more
+ * threads are runnable than there are cores (another process's, or a worker that was preempted
+ * in the middle of an item), the one whose turn it is gets to run. */
+#define YIELD_EVERY 1024
+
+static inline void relax(unsigned k) {
+    CPU_RELAX();
+    if (k % YIELD_EVERY == 0) sched_yield();
+}
 
 typedef struct {
     omrt_item_fn fn;
@@ -63,7 +73,7 @@ static uint64_t wait_for_job(uint64_t seen) {
     int64_t t0 = now_ns();
     uint64_t e;
     for (unsigned k = 1; (e = atomic_load(&P.epoch)) == seen; k++) {
-        CPU_RELAX();
+        relax(k);
         if ((k & 255) == 0 && now_ns() - t0 > SPIN_NS) {
             pthread_mutex_lock(&P.sleep_lock);
             atomic_fetch_add(&P.sleepers, 1);
@@ -124,9 +134,9 @@ void omrt_parallel(omrt_item_fn fn, void *ctx, int64_t count, int64_t threads) {
         pthread_mutex_unlock(&P.sleep_lock);
     }
     take_items(&j, 0);
-    while (atomic_load_explicit(&j.done, memory_order_acquire) < count) CPU_RELAX();
+    for (unsigned k = 1; atomic_load_explicit(&j.done, memory_order_acquire) < count; k++) relax(k);
     atomic_store(&P.current, NULL);
-    while (atomic_load(&P.active) > 0) CPU_RELAX();
+    for (unsigned k = 1; atomic_load(&P.active) > 0; k++) relax(k);
     pthread_mutex_unlock(&P.busy);
 }
 
