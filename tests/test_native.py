@@ -16,7 +16,7 @@ import omrt
 from omrt import kernelstore
 from omrt.compiler import native as native_build
 from omrt.format import HEADER, OmFile, Part
-from omrt.kernels import conv
+from omrt.kernels import native
 from omrt.kernels.native import KERNEL_ABI
 from conftest import mlp_model, run_without_onnx
 
@@ -73,7 +73,13 @@ def test_compile_packs_only_the_units_the_model_uses(cnn_om, tmp_path):
         assert HEADER.unpack(f.read(HEADER.size))[3] == 1  # flags: kind 1 (native library) present
     mlp = str(tmp_path / "mlp.om")
     omrt.compile(mlp_model(4), mlp)
-    assert kernelstore.unpack(memoryview(_kernels_partition(mlp)), mlp) == []
+    assert [r.units for r in kernelstore.unpack(memoryview(_kernels_partition(mlp)), mlp)] == [["linalg"]]
+    plain = str(tmp_path / "relu.om")
+    g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "relu",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])])
+    omrt.compile(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), plain)
+    assert kernelstore.unpack(memoryview(_kernels_partition(plain)), plain) == []
 
 
 def test_untrusted_kernels_do_not_run_and_say_how_to_trust(cnn_om):
@@ -213,8 +219,8 @@ def test_winograd_network_matches_reference(cnn_om, tmp_path, threads):
 def test_native_workers_serve_concurrent_runs_and_forked_children(cnn_om, monkeypatch):
     """Sessions on several Python threads share the native workers (a call that finds them busy
     runs its own items), and a forked child makes workers of its own."""
-    monkeypatch.setattr(conv, "NATIVE_SPLIT_FLOPS", 0)
-    monkeypatch.setattr(conv, "NATIVE_SPLIT_BYTES", 0)
+    monkeypatch.setattr(native, "SPLIT_FLOPS", 0)
+    monkeypatch.setattr(native, "SPLIT_BYTES", 0)
     model = omrt.load(cnn_om, trust_kernels=True)
     xs = [RNG.standard_normal((1, 8, 12, 12)).astype(np.float32) for _ in range(4)]
     want = [reference(x) for x in xs]

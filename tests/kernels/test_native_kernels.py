@@ -14,6 +14,7 @@ from kernel_check import check, randn, reference, run_kernel
 import omrt
 from omrt.compiler.native import build
 from omrt.kernels import OpContext, TensorInfo, conv, lookup, winograd
+from omrt.kernels import native as native_module
 from omrt.kernelstore import load
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -35,7 +36,7 @@ ACTS = {None: {}, "Relu": {"_act": "Relu"}, "Clip": {"_act": "Clip", "_act_alpha
 
 @pytest.fixture(scope="module")
 def native():
-    record = build(["conv", "pool", "winograd"], lambda msg: None)
+    record = build(["conv", "linalg", "pool", "winograd"], lambda msg: None)
     if record is None:
         pytest.skip("no C compiler on this host")
     library = load([record], trusted=True)
@@ -56,8 +57,8 @@ def threads(request):
     """Run at request.param threads, splitting even the tiny layers of these tests."""
     omrt.set_num_threads(request.param)
     patch = pytest.MonkeyPatch()
-    patch.setattr(conv, "NATIVE_SPLIT_FLOPS", 0)
-    patch.setattr(conv, "NATIVE_SPLIT_BYTES", 0)
+    patch.setattr(native_module, "SPLIT_FLOPS", 0)
+    patch.setattr(native_module, "SPLIT_BYTES", 0)
     yield request.param
     patch.undo()
     omrt.set_num_threads(1)
@@ -65,8 +66,14 @@ def threads(request):
 
 def agree(op_type: str, inputs: list, attrs: dict, native) -> np.ndarray:
     """The native path's output, asserted equal (to rounding) to the numpy path's."""
-    got = run_kernel(op_type, inputs, attrs, native=native, n_outputs=1)[0]
-    want = run_kernel(op_type, inputs, attrs, n_outputs=1)[0]
+    return agree_domain(op_type, inputs, attrs, native, "")
+
+
+def agree_domain(op_type: str, inputs: list, attrs: dict, native, domain: str) -> np.ndarray:
+    """agree() for an op of `domain` (opset 1 of omrt's own ops)."""
+    opset = 1 if domain else 21
+    got = run_kernel(op_type, inputs, attrs, opset, native=native, n_outputs=1, domain=domain)[0]
+    want = run_kernel(op_type, inputs, attrs, opset, n_outputs=1, domain=domain)[0]
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=f"{op_type} {attrs}")
     return got
 
@@ -275,3 +282,58 @@ def test_winograd_needs_a_3x3_stride_1_dense_float_layer():
     wide = randn(512, 512, 3, 3)  # 9 MiB of filters for 14x14 positions: 48 KiB per position
     assert not winograd.eligible({"pads": [1, 1, 1, 1]}, TensorInfo(np.dtype(np.float32), (1, 512, 14, 14)), wide)
     assert winograd.eligible({"pads": [1, 1, 1, 1]}, TensorInfo(np.dtype(np.float32), (1, 512, 28, 28)), wide)
+
+
+@st.composite
+def products(draw):
+    """(A, B) of a product BLAS reads in place, possibly batched (one side may be a single
+    matrix or broadcast over the batch) and stored transposed, and the FusedMatMul attributes
+    that read them."""
+    m, n, k = draw(st.integers(1, 40)), draw(st.integers(1, 70)), draw(st.integers(1, 30))
+    batch = draw(st.sampled_from([None, 1, 3]))
+    a_batch = batch if batch is None else draw(st.sampled_from([batch, 1, None]))
+    b_batch = batch if batch is None else draw(st.sampled_from([batch, 1]))
+    attrs, ops = {}, []
+    for name, rows, cols, lead in (("_perm_a", m, k, a_batch), ("_perm_b", k, n, b_batch)):
+        shape = (rows, cols) if lead is None else (lead, rows, cols)
+        if draw(st.booleans()):
+            perm = list(range(len(shape)))
+            perm[-2:] = perm[-1], perm[-2]
+            attrs[name] = perm
+            shape = tuple(shape[p] for p in perm)
+        ops.append(randn(*shape))
+    return ops, attrs
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3], indirect=True)
+@SETTINGS
+@given(products(), st.sampled_from(sorted(ACTS, key=str)), st.booleans())
+def test_native_matmul_matches_numpy_path(native, threads, operands, act, bias):
+    """Products in blocks of rows or columns on the native workers, transposed operands read in
+    place, bias over the columns and activation fused."""
+    (a, b), attrs = operands
+    a_read, b_read = (np.swapaxes(x, -1, -2) if key in attrs else x for x, key in ((a, "_perm_a"), (b, "_perm_b")))
+    attrs = {**attrs, **ACTS[act]}
+    n = b_read.shape[-1]
+    agree_domain("FusedMatMul", [a, b, randn(n) if bias else np.zeros(n, np.float32)], attrs, native, "omrt")
+    agree("MatMul", [np.ascontiguousarray(a_read), np.ascontiguousarray(b_read)], ACTS[act], native)
+
+
+@pytest.mark.parametrize("threads", [1, 2], indirect=True)
+@pytest.mark.parametrize("c_shape, alpha, beta", [(None, 1.0, 1.0), ((24,), 1.0, 1.0), ((1, 24), 1.0, 1.0),
+                                                  ((24,), 0.5, 1.0), ((24,), 1.0, 2.0), ((17, 24), 1.0, 1.0),
+                                                  ((17, 1), 1.0, 1.0), ((1,), 1.0, 1.0)])
+@pytest.mark.parametrize("trans_a, trans_b", [(0, 0), (1, 0), (0, 1), (1, 1)])
+def test_native_gemm_matches_reference(native, threads, c_shape, alpha, beta, trans_a, trans_b):
+    """A fully connected layer (C a vector over the columns, alpha = beta = 1) is one native
+    call; other Gemms multiply natively and scale and add C with numpy."""
+    a = randn(*((33, 17) if trans_a else (17, 33)))
+    b = randn(*((24, 33) if trans_b else (33, 24)))
+    attrs = {"transA": trans_a, "transB": trans_b, "alpha": alpha, "beta": beta}
+    inputs = [a, b] + ([] if c_shape is None else [randn(*c_shape)])
+    ctx = OpContext(dict(attrs), 21, name="t", op_type="Gemm", native=native)
+    infos = [TensorInfo(x.dtype, x.shape) for x in inputs]
+    assert lookup("Gemm", 21)(ctx, infos, lookup("Gemm", 21).infer(ctx, infos)).product.native is not None
+    check("Gemm", inputs, attrs, native=native, rtol=1e-4, atol=1e-4)
+    got = run_kernel("Gemm", inputs, {**attrs, "_act": "Relu"}, native=native)[0]
+    np.testing.assert_allclose(got, np.maximum(reference("Gemm", inputs, attrs)[0], 0), rtol=1e-4, atol=1e-4)

@@ -18,7 +18,7 @@ from numpy.lib.stride_tricks import as_strided
 from ..errors import ShapeError
 from . import parallel
 from .base import Dim, Kernel, OpContext, TensorInfo, apply_activation, register
-from .native import F32, I64, PTR, Function, activation_code, address
+from .native import F32, I64, PTR, Function, activation_code, address, threads_for
 
 WORKSPACE_CAP = 1 << 20
 """Upper bound (bytes) of an im2col/col2im column buffer; bigger layers are processed in row chunks."""
@@ -38,12 +38,6 @@ DWCONV2D = Function("conv", "omrt_dwconv2d_f32", (PTR,) * 5 + (I64,) * 18 + (F32
 IM2COL2D = Function("conv", "omrt_im2col_f32", (PTR, PTR) + (I64,) * 15)
 CONV2D = Function("conv", "omrt_conv2d_f32", (PTR,) * 5 + (I64,) * 20 + (F32, F32), blas=True)
 
-NATIVE_SPLIT_FLOPS = 1 << 21
-"""Native layers with at least this much work (multiply-adds times two) spread it over omrt's
-threads: the native workers take a part in microseconds, where a Python handoff takes tens."""
-
-NATIVE_SPLIT_BYTES = 1 << 16
-"""Native depthwise layers and pools with outputs at least this big spread their planes."""
 
 
 def _text(value: object, default: str) -> str:
@@ -544,7 +538,7 @@ class Conv(Kernel):
     def _run_depthwise(self, x: np.ndarray, w: np.ndarray, b: np.ndarray | None, y: np.ndarray,
                        workspace: np.ndarray | None) -> None:
         fn, geometry = self.c_depthwise
-        threads = min(parallel.get_num_threads(), parallel.MAX_SLOTS) if y.nbytes >= NATIVE_SPLIT_BYTES else 1
+        threads = threads_for(nbytes=y.nbytes, slots=parallel.MAX_SLOTS)
         fn(address(x), address(w), 0 if b is None else address(b), address(y),
            0 if workspace is None else address(workspace), self.plane_scratch // 4, threads, *geometry)
 
@@ -552,7 +546,7 @@ class Conv(Kernel):
                     workspace: np.ndarray | None) -> None:
         """The whole layer in one call: the native workers share it (see _layout for the plan)."""
         fn, geometry = self.c_conv
-        threads = parallel.get_num_threads() if self.flops >= NATIVE_SPLIT_FLOPS else 1
+        threads = threads_for(self.flops)
         step, buffer = (0, 0)
         if self.mode == "im2col":
             split = self._split(min(threads, parallel.MAX_SLOTS))

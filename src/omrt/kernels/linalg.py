@@ -10,8 +10,11 @@ from ..errors import ShapeError
 from . import parallel
 from .base import (FUSED_ACTIVATIONS, Kernel, OpContext, Shape, TensorInfo, apply_activation,
                    broadcast_shapes, numel, register)
+from .native import F32, I64, PTR, Function, activation_code, address, threads_for
 
 _ALIGN = 64
+
+MATMUL = Function("linalg", "omrt_matmul_f32", (PTR,) * 4 + (I64,) * 14 + (F32, F32), blas=True)
 
 
 def _narrow(dtype: np.dtype) -> bool:
@@ -63,16 +66,36 @@ def matmul_shape(a: Shape, b: Shape, name: str) -> Shape:
     return (*broadcast_shapes(a2[:-2], b2[:-2], name=name), *rows, *cols)
 
 
+def _blas_operand(x: np.ndarray, batch: int) -> tuple[int, int, int] | None:
+    """(pitch, stored transposed, matrix stride) in floats of a float32 matrix, or stack of
+    `batch` matrices (or one for all), that BLAS reads in place; None when it cannot."""
+    if x.ndim not in (2, 3) or any(s % 4 for s in x.strides) or x.ctypes.data % 4:
+        return None
+    rows, cols = x.shape[-2:]
+    r, c = x.strides[-2] // 4, x.strides[-1] // 4
+    stride = x.strides[0] // 4 if x.ndim == 3 and x.shape[0] == batch and batch > 1 else 0
+    if stride < 0 or (x.ndim == 3 and x.shape[0] not in (1, batch)):
+        return None
+    if c == 1 and r >= max(1, cols):
+        return r, 0, stride
+    if r == 1 and c >= max(1, rows):
+        return c, 1, stride
+    return None
+
+
 class _Product:
     """A @ B into `out`, planned once for the shapes at hand.
 
     When B is a matrix or a vector, A's batch dims are folded into its rows so one BLAS call
     does the whole product; float16 and bfloat16 operands are multiplied in float32 inside
-    the workspace. On several omrt threads a big product is split into blocks of the output,
-    one BLAS call each (parallel.matmul).
+    the workspace. With the model's native library, float32 products of matrices (or stacks of
+    them) that BLAS can read in place run in one C call on the native workers, a bias over the
+    columns and the fused activation included. Otherwise, on several omrt threads a big product
+    is split into blocks of the output, one BLAS call each (parallel.matmul).
     """
 
-    def __init__(self, a: Shape, b: Shape, out: Shape, dtype: np.dtype, fold: bool = True) -> None:
+    def __init__(self, a: Shape, b: Shape, out: Shape, dtype: np.dtype, fold: bool = True,
+                 ctx: OpContext | None = None, fuse: bool = True) -> None:
         self.fold = fold and len(b) <= 2 and len(a) > 2
         if self.fold:
             a = (numel(a[:-1]), a[-1])
@@ -80,20 +103,49 @@ class _Product:
         self.shapes = (tuple(a), tuple(b), tuple(out))
         self.wide = _narrow(np.dtype(dtype))
         self.nbytes = _wide_bytes(self.shapes) if self.wide else 0
+        native = ctx.native.get(MATMUL) if ctx is not None and ctx.native is not None else None
+        self.native = native if np.dtype(dtype) == np.float32 else None
+        self.act = (activation_code(ctx.attrs) if fuse else (0, 0.0, 0.0)) if ctx is not None else None
 
-    def __call__(self, a: np.ndarray, b: np.ndarray, out: np.ndarray,
-                 workspace: np.ndarray | None) -> None:
+    def _run_native(self, a: np.ndarray, b: np.ndarray, out: np.ndarray, bias: np.ndarray | None,
+                    act: tuple[int, float, float]) -> bool:
+        """a @ b (+ bias, then the activation `act`) into out in one native call; False when the
+        operands are not matrices BLAS reads in place (then nothing was written)."""
+        batch = out.shape[0] if out.ndim == 3 else 1
+        views = [_blas_operand(x, batch) for x in (a, b, out)]
+        m, n = out.shape[-2:]
+        k = a.shape[-1]
+        if (None in views or views[2][1] or 0 in (m, n, k) or a.ndim > out.ndim or b.ndim > out.ndim
+                or np.may_share_memory(out, a) or np.may_share_memory(out, b)):
+            return False
+        (lda, ta, sa), (ldb, tb, sb), (ldc, _, sc) = views
+        threads = threads_for(2 * batch * m * n * k)
+        self.native(address(a), address(b), 0 if bias is None else address(bias), address(out), batch, m, n, k,
+                    lda, ldb, ldc, ta, tb, sa, sb, sc, threads, *act)
+        return True
+
+    def __call__(self, a: np.ndarray, b: np.ndarray, out: np.ndarray, workspace: np.ndarray | None,
+                 bias: np.ndarray | None = None) -> bool:
+        """out = a @ b; with the native library also + bias (a float32 vector over the columns)
+        and the fused activation (unless made with fuse=False), returning True when it applied
+        them."""
         if self.fold:
             a = a.reshape(self.shapes[0])
             out = out.reshape(self.shapes[2])
+        if self.native is not None and self.act is not None and (
+                bias is None or (bias.dtype == np.float32 and bias.flags.c_contiguous
+                                 and bias.size == out.shape[-1] == bias.shape[-1])):
+            if self._run_native(a, b, out, bias, self.act):
+                return True
         if not self.wide:
             parallel.matmul(a, b, out)
-            return
+            return False
         a32, b32, o32 = _wide_views(workspace, self.shapes)
         np.copyto(a32, a)
         np.copyto(b32, b)
         parallel.matmul(a32, b32, o32)
         np.copyto(out, o32, casting="same_kind")
+        return False
 
 
 PERMS = ("_perm_a", "_perm_b", "_perm_y")
@@ -115,6 +167,7 @@ class MatMulBase(Kernel):
     """Shared by MatMul and FusedMatMul: numpy matmul semantics straight into the output."""
 
     fuses = frozenset(FUSED_ACTIVATIONS)
+    native_units = ("linalg",)
 
     @classmethod
     def product_shape(cls, ctx: OpContext, inputs: Sequence[TensorInfo | None]) -> Shape:
@@ -134,7 +187,7 @@ class MatMulBase(Kernel):
         self.unperm_y = None if perm_y is None else tuple(int(i) for i in np.argsort(perm_y))
         a, b = (_permuted(x.shape, p, ctx.name) for x, p in zip(inputs, (self.perm_a, self.perm_b)))
         y = _permuted(outputs[0].shape, self.unperm_y, ctx.name)
-        self.product = _Product(a, b, y, outputs[0].dtype, fold=not any(ctx.attr(k) for k in PERMS))
+        self.product = _Product(a, b, y, outputs[0].dtype, fold=not any(ctx.attr(k) for k in PERMS), ctx=ctx)
 
     def workspace(self) -> int:
         return self.product.nbytes
@@ -154,8 +207,8 @@ class MatMul(MatMulBase):
 
     def run(self, inputs, outputs, workspace):
         a, b, out = self.views(inputs, outputs[0])
-        self.product(a, b, out, workspace)
-        apply_activation(outputs[0], self.ctx)
+        if not self.product(a, b, out, workspace):
+            apply_activation(outputs[0], self.ctx)
 
 
 @register("FusedMatMul", since=1, domain="omrt")
@@ -178,9 +231,9 @@ class FusedMatMul(MatMulBase):
 
     def run(self, inputs, outputs, workspace):
         a, b, out = self.views(inputs, outputs[0])
-        self.product(a, b, out, workspace)
-        np.add(out, inputs[2], out=out)
-        apply_activation(outputs[0], self.ctx)
+        if not self.product(a, b, out, workspace, inputs[2]):
+            np.add(out, inputs[2], out=out)
+            apply_activation(outputs[0], self.ctx)
 
 
 @register("Gemm", since=1)
@@ -193,6 +246,7 @@ class Gemm(Kernel):
     """
 
     fuses = frozenset(FUSED_ACTIVATIONS)
+    native_units = ("linalg",)
 
     @classmethod
     def infer(cls, ctx: OpContext, inputs: Sequence[TensorInfo | None]) -> list[TensorInfo]:
@@ -221,10 +275,13 @@ class Gemm(Kernel):
         self.alpha = float(ctx.attr("alpha", 1.0))
         self.beta = float(ctx.attr("beta", 1.0))
         a, b = inputs[0].shape, inputs[1].shape
-        self.product = _Product(a[::-1] if self.trans_a else a, b[::-1] if self.trans_b else b,
-                                outputs[0].shape, outputs[0].dtype)
         c = inputs[2] if len(inputs) > 2 else None
         self.has_c = c is not None and self.beta != 0
+        # Y = A' @ B' + c over the columns (a fully connected layer) is one native call.
+        self.as_bias = self.alpha == 1 and (not self.has_c or (
+            self.beta == 1 and c.rank in (1, 2) and all(d == 1 for d in c.shape[:-1])))
+        self.product = _Product(a[::-1] if self.trans_a else a, b[::-1] if self.trans_b else b,
+                                outputs[0].shape, outputs[0].dtype, ctx=ctx, fuse=self.as_bias)
         # beta * C as a temporary when that is cheap (C smaller than Y) or exactness needs it.
         self.scale_c = self.has_c and self.beta != 1 and (
             numel(c.shape) < numel(outputs[0].shape) or outputs[0].dtype.kind in "iu")
@@ -234,7 +291,10 @@ class Gemm(Kernel):
 
     def run(self, inputs, outputs, workspace):
         a, b, out = inputs[0], inputs[1], outputs[0]
-        self.product(a.T if self.trans_a else a, b.T if self.trans_b else b, out, workspace)
+        bias = inputs[2] if self.has_c and self.as_bias else None
+        if self.product(a.T if self.trans_a else a, b.T if self.trans_b else b, out, workspace, bias) \
+                and self.as_bias:
+            return
         alpha, beta = self.alpha, self.beta
         if self.has_c:
             c = inputs[2]

@@ -74,6 +74,22 @@ class Library:
         return hit
 
 
+SPLIT_FLOPS = 1 << 21
+"""Native calls with at least this much work (multiply-adds times two) spread it over omrt's
+threads: the native workers take a part in microseconds, where a Python handoff takes tens."""
+
+SPLIT_BYTES = 1 << 16
+"""Native calls over at least this many bytes of planes (depthwise layers, pools) spread them."""
+
+
+def threads_for(flops: int | None = None, nbytes: int | None = None, slots: int = 0) -> int:
+    """The threads a native call with this much work runs on: all of omrt's (at most `slots`,
+    the scratch buffers it has, when given) for big work, else one."""
+    big = flops >= SPLIT_FLOPS if flops is not None else nbytes >= SPLIT_BYTES
+    threads = parallel.get_num_threads() if big else 1
+    return min(threads, slots) if slots else threads
+
+
 def address(a: np.ndarray) -> int:
     """The data pointer a C function receives for a C-contiguous array."""
     return a.__array_interface__["data"][0]

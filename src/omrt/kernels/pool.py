@@ -17,7 +17,7 @@ from ..errors import ShapeError
 from .base import Kernel, OpContext, TensorInfo, register
 from . import conv, parallel
 from .conv import Tap, Window, int_list, plane_scratch, sliding_window, window_of
-from .native import I64, PTR, Function, address
+from .native import I64, PTR, Function, address, threads_for
 
 _ALL = (Ellipsis,)
 
@@ -175,7 +175,7 @@ class _WindowPool(Kernel):
         if self.c_pool is None or not (x.flags.c_contiguous and y.flags.c_contiguous):
             return False
         inv = 0 if inv_count is None else address(inv_count)
-        threads = min(parallel.get_num_threads(), parallel.MAX_SLOTS) if x.nbytes >= conv.NATIVE_SPLIT_BYTES else 1
+        threads = threads_for(nbytes=x.nbytes, slots=parallel.MAX_SLOTS)
         self.c_pool(address(x), address(y), inv, address(workspace), self.c_scratch // 4, threads, self.planes,
                     *self.c_window, int(is_max))
         return True

@@ -182,11 +182,10 @@ static void chunk_part(void *p, int64_t item, int64_t thread) {
         multiply(j, image, g, 0, j->Fg, cols, j->pitch, 0, (r1 - r0) * j->OW, r0 * j->OW);
 }
 
-/* How the shared product of `width` positions is cut: parts per group until every thread gets
- * the same number of items (or at least four), along filters when they outnumber positions. */
+/* How the shared product of `width` positions is cut (see omrt_parts_per), along filters when
+ * they outnumber positions. */
 static void cut_product(conv_job *j, int64_t width, int64_t threads) {
-    int64_t per_group = 1;
-    while (threads > 1 && (j->G * per_group) % threads != 0 && j->G * per_group < 4 * threads) per_group++;
+    int64_t per_group = omrt_parts_per(j->G, threads);
     int64_t blocks = width / 16 > 1 ? width / 16 : 1;
     j->fparts = j->Fg >= width ? (per_group < j->Fg ? per_group : j->Fg) : 1;
     j->pparts = j->Fg >= width ? 1 : (per_group < blocks ? per_group : blocks);

@@ -51,9 +51,23 @@ static inline void omrt_activate(float *y, int64_t n, int64_t act, float alpha, 
 typedef void (*omrt_item_fn)(void *ctx, int64_t item, int64_t thread);
 void omrt_parallel(omrt_item_fn fn, void *ctx, int64_t count, int64_t threads);
 
-/* c (m x n, row pitch ldc) = a (m x k) @ b (k x n), row-major, through the BLAS numpy uses. */
-void omrt_sgemm(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, const float *b, int64_t ldb,
-                float *c, int64_t ldc);
+/* c (m x n, row pitch ldc) = a (m x k) @ b (k x n), row-major, through the BLAS numpy uses; ta
+ * (tb) when a (b) is stored transposed, lda (ldb) then its pitch as stored. */
+void omrt_sgemm_t(int64_t ta, int64_t tb, int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
+                  const float *b, int64_t ldb, float *c, int64_t ldc);
+
+static inline void omrt_sgemm(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, const float *b,
+                              int64_t ldb, float *c, int64_t ldc) {
+    omrt_sgemm_t(0, 0, m, n, k, a, lda, b, ldb, c, ldc);
+}
+
+/* How many parts to cut each of `items` independent items into for `threads` threads: the
+ * fewest that give every thread as many parts (or at least four each). */
+static inline int64_t omrt_parts_per(int64_t items, int64_t threads) {
+    int64_t parts = 1;
+    while (threads > 1 && (items * parts) % threads != 0 && items * parts < 4 * threads) parts++;
+    return parts;
+}
 
 /* Start of part i of `total` split into `parts` nearly equal consecutive ranges. */
 static inline int64_t omrt_part(int64_t total, int64_t parts, int64_t i) { return total * i / parts; }

@@ -154,13 +154,14 @@ OMRT_EXPORT void omrt_use_sgemm(void *fn, int64_t ilp64) {
     sgemm_is_ilp64 = ilp64 != 0;
 }
 
-enum { ROW_MAJOR = 101, NO_TRANS = 111 };
+enum { ROW_MAJOR = 101, NO_TRANS = 111, TRANS = 112 };
 
-void omrt_sgemm(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, const float *b, int64_t ldb,
-                float *c, int64_t ldc) {
+void omrt_sgemm_t(int64_t ta, int64_t tb, int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
+                  const float *b, int64_t ldb, float *c, int64_t ldc) {
+    int oa = ta ? TRANS : NO_TRANS, ob = tb ? TRANS : NO_TRANS;
     if (sgemm_is_ilp64)
-        ((sgemm_ilp64)sgemm_fn)(ROW_MAJOR, NO_TRANS, NO_TRANS, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, c, ldc);
+        ((sgemm_ilp64)sgemm_fn)(ROW_MAJOR, oa, ob, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, c, ldc);
     else
-        ((sgemm_lp64)sgemm_fn)(ROW_MAJOR, NO_TRANS, NO_TRANS, (int)m, (int)n, (int)k, 1.0f, a, (int)lda, b,
-                               (int)ldb, 0.0f, c, (int)ldc);
+        ((sgemm_lp64)sgemm_fn)(ROW_MAJOR, oa, ob, (int)m, (int)n, (int)k, 1.0f, a, (int)lda, b, (int)ldb, 0.0f, c,
+                               (int)ldc);
 }

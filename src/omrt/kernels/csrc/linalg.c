@@ -1,0 +1,49 @@
+/* Matrix products (MatMul, FusedMatMul, Gemm): A @ B, plus a bias over the columns and the fused
+ * activation, split in blocks of the output over the native workers, each block one BLAS call. */
+#include "omrt_native.h"
+
+typedef struct {
+    const float *a, *b, *bias;
+    float *c;
+    int64_t M, N, K, lda, ldb, ldc, ta, tb, sa, sb, sc, rparts, cparts, act;
+    float alpha, beta;
+} mm_job;
+
+/* Block `item` (matrix, row part, column part); column parts start on 16-float boundaries. */
+static void mm_part(void *p, int64_t item, int64_t thread) {
+    const mm_job *j = p;
+    (void)thread;
+    const int64_t cp = item % j->cparts, rp = item / j->cparts % j->rparts, m = item / j->cparts / j->rparts;
+    const int64_t r0 = omrt_part(j->M, j->rparts, rp), r1 = omrt_part(j->M, j->rparts, rp + 1);
+    const int64_t c0 = omrt_part(j->N, j->cparts, cp) & ~(int64_t)15;
+    const int64_t c1 = cp + 1 == j->cparts ? j->N : omrt_part(j->N, j->cparts, cp + 1) & ~(int64_t)15;
+    if (r1 <= r0 || c1 <= c0) return;
+    const float *a = j->a + m * j->sa + (j->ta ? r0 : r0 * j->lda);
+    const float *b = j->b + m * j->sb + (j->tb ? c0 * j->ldb : c0);
+    float *c = j->c + m * j->sc + r0 * j->ldc + c0;
+    omrt_sgemm_t(j->ta, j->tb, r1 - r0, c1 - c0, j->K, a, j->lda, b, j->ldb, c, j->ldc);
+    for (int64_t r = 0; r < r1 - r0; r++) {
+        float *row = c + r * j->ldc;
+        if (j->bias)
+            for (int64_t i = 0; i < c1 - c0; i++) row[i] += j->bias[c0 + i];
+        omrt_activate(row, c1 - c0, j->act, j->alpha, j->beta);
+    }
+}
+
+/* c[m] (M x N, pitch ldc) = a[m] (M x K) @ b[m] (K x N) + bias (N floats, when not NULL), then
+ * the activation, for each of `batch` matrices m, `sa`, `sb` and `sc` floats apart (0: the same
+ * matrix for all). a is stored transposed when ta (K x M, pitch lda), b when tb (N x K). */
+OMRT_EXPORT void omrt_matmul_f32(const float *a, const float *b, const float *bias, float *c, int64_t batch,
+                                 int64_t M, int64_t N, int64_t K, int64_t lda, int64_t ldb, int64_t ldc, int64_t ta,
+                                 int64_t tb, int64_t sa, int64_t sb, int64_t sc, int64_t threads, int64_t act,
+                                 float alpha, float beta) {
+    mm_job j = {.a = a, .b = b, .bias = bias, .c = c, .M = M, .N = N, .K = K, .lda = lda, .ldb = ldb, .ldc = ldc,
+                .ta = ta, .tb = tb, .sa = sa, .sb = sb, .sc = sc, .rparts = 1, .cparts = 1, .act = act,
+                .alpha = alpha, .beta = beta};
+    const int64_t parts = omrt_parts_per(batch, threads);
+    if (M >= N)
+        j.rparts = parts < M ? parts : M;
+    else
+        j.cparts = parts < N / 16 ? parts : (N / 16 > 1 ? N / 16 : 1);
+    omrt_parallel(mm_part, &j, batch * j.rparts * j.cparts, threads);
+}
