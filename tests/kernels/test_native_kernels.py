@@ -36,7 +36,7 @@ ACTS = {None: {}, "Relu": {"_act": "Relu"}, "Clip": {"_act": "Clip", "_act_alpha
 
 @pytest.fixture(scope="module")
 def native():
-    record = build(["conv", "linalg", "pool", "winograd"], lambda msg: None)
+    record = build(["conv", "elementwise", "linalg", "pool", "winograd"], lambda msg: None)
     if record is None:
         pytest.skip("no C compiler on this host")
     library = load([record], trusted=True)
@@ -337,3 +337,17 @@ def test_native_gemm_matches_reference(native, threads, c_shape, alpha, beta, tr
     check("Gemm", inputs, attrs, native=native, rtol=1e-4, atol=1e-4)
     got = run_kernel("Gemm", inputs, {**attrs, "_act": "Relu"}, native=native)[0]
     np.testing.assert_allclose(got, np.maximum(reference("Gemm", inputs, attrs)[0], 0), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3], indirect=True)
+@SETTINGS
+@given(st.integers(1, 5000), st.floats(0.1, 20))
+def test_native_gelu_gives_the_numpy_paths_bits(native, threads, n, scale):
+    x = randn(n) * np.float32(scale)
+    x[:4] = [np.nan, np.inf, -np.inf, 0.0][:min(4, n)]
+    ctx = OpContext({}, 20, name="t", op_type="Gelu", native=native)
+    infos = [TensorInfo(x.dtype, x.shape)]
+    assert lookup("Gelu", 20)(ctx, infos, lookup("Gelu", 20).infer(ctx, infos)).c_gelu is not None
+    got = run_kernel("Gelu", [x], {}, 20, native=native)[0]
+    np.testing.assert_array_equal(got, run_kernel("Gelu", [x], {}, 20)[0])
+    np.testing.assert_allclose(got[4:], reference("Gelu", [x[4:]], {}, 20)[0], rtol=1e-6, atol=1e-7)

@@ -15,6 +15,8 @@ import numpy as np
 from ..errors import ShapeError
 from .base import (FUSED_ACTIVATIONS, Kernel, OpContext, TensorInfo, apply_activation, broadcast_shapes,
                    numel, onnx_dtype, register, relu)
+from .native import I64, PTR, Function, address, threads_for
+
 
 def _kind(dtype: np.dtype) -> str:
     """numpy's kind letter, with ml_dtypes' small floats counted as floats and strings as 'S'."""
@@ -359,6 +361,8 @@ class Erf(ErfBased):
 # which numpy does slowly. Eleven float32 passes, two of them gathers, instead of thirty in float64.
 _GELU_LO, _GELU_HI, _GELU_STEPS = -7, 6, 1024
 _ROUNDER = np.float32(1.5 * 2 ** 23)
+GELU = Function("elementwise", "omrt_gelu_f32", (PTR,) * 4 + (I64,) * 2)
+"""The same arithmetic in C (csrc/elementwise.c), for float32 on the native workers."""
 _GELU_TABLE: list[np.ndarray] = []
 
 
@@ -395,12 +399,25 @@ class Gelu(ErfBased):
                              f"'none' or 'tanh'")
         return super().infer(ctx, inputs)
 
+    native_units = ("elementwise",)
+
     def __init__(self, ctx, inputs, outputs):
         self.tanh = ctx.attr("approximate", "none") == "tanh"
         super().__init__(ctx, inputs, outputs)
+        self.c_gelu = None
         if not (self.tanh or self.double):
             self.cdf, self.slope = _gelu_table()
             self.bias = np.int64(_ROUNDER.view(np.int32)) + _GELU_LO * _GELU_STEPS
+            if ctx.native is not None and inputs[0].dtype == np.float32:
+                self.c_gelu = ctx.native.get(GELU)
+
+    def run(self, inputs, outputs, workspace):
+        x, out = inputs[0], outputs[0]
+        if self.c_gelu is None or not (x.flags.c_contiguous and out.flags.c_contiguous):
+            super().run(inputs, outputs, workspace)
+            return
+        self.c_gelu(address(x), address(out), address(self.cdf), address(self.slope), x.size,
+                    threads_for(nbytes=x.nbytes))
 
     def work_dtype(self, dtype):
         return Pointwise.work_dtype(self, dtype) if self.tanh else super().work_dtype(dtype)
