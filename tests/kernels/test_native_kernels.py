@@ -289,7 +289,8 @@ def products(draw):
     """(A, B) of a product BLAS reads in place, possibly batched (one side may be a single
     matrix or broadcast over the batch) and stored transposed, and the FusedMatMul attributes
     that read them."""
-    m, n, k = draw(st.integers(1, 40)), draw(st.integers(1, 70)), draw(st.integers(1, 30))
+    vector = st.one_of(st.just(1), st.integers(1, 40))
+    m, n, k = draw(vector), draw(st.one_of(st.just(1), st.integers(1, 70))), draw(st.integers(1, 30))
     batch = draw(st.sampled_from([None, 1, 3]))
     a_batch = batch if batch is None else draw(st.sampled_from([batch, 1, None]))
     b_batch = batch if batch is None else draw(st.sampled_from([batch, 1]))
@@ -317,6 +318,18 @@ def test_native_matmul_matches_numpy_path(native, threads, operands, act, bias):
     n = b_read.shape[-1]
     agree_domain("FusedMatMul", [a, b, randn(n) if bias else np.zeros(n, np.float32)], attrs, native, "omrt")
     agree("MatMul", [np.ascontiguousarray(a_read), np.ascontiguousarray(b_read)], ACTS[act], native)
+
+
+@pytest.mark.parametrize("threads", [1, 2], indirect=True)
+@pytest.mark.parametrize("m, n", [(1, 50), (30, 1), (1, 1)])
+@pytest.mark.parametrize("perm_a, perm_b", [(False, False), (True, False), (False, True), (True, True)])
+def test_native_matrix_vector_products(native, threads, m, n, perm_a, perm_b):
+    """A row times a matrix, or a matrix times a column, is a gemv over B's (or A's) blocks;
+    operands (slices of wider arrays, some stored transposed) are read with their pitch."""
+    a = randn(17, m + 5)[:, :m] if perm_a else randn(m, 23)[:, :17]
+    b = randn(n, 20)[:, :17] if perm_b else randn(17, n + 3)[:, :n]
+    attrs = {**({"_perm_a": [1, 0]} if perm_a else {}), **({"_perm_b": [1, 0]} if perm_b else {}), **ACTS["Relu"]}
+    agree_domain("FusedMatMul", [a, b, randn(n)], attrs, native, "omrt")
 
 
 @pytest.mark.parametrize("threads", [1, 2], indirect=True)

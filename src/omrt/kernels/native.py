@@ -47,19 +47,20 @@ class Function:
 class Library:
     """One model's loaded native library: the units it was built from and their functions.
 
-    It is handed the sgemm of numpy's OpenBLAS; without one (numpy built on another BLAS) the
-    functions that multiply are missing, and their kernels keep their numpy paths."""
+    It is handed the CBLAS sgemm and sgemv of numpy's OpenBLAS; without them (numpy built on
+    another BLAS) the functions that multiply are missing, and their kernels keep their numpy
+    paths."""
 
     def __init__(self, cdll: ctypes.CDLL, units: frozenset[str]) -> None:
         self._cdll = cdll
         self.units = units
         self._functions: dict[str, Callable] = {}
-        sgemm = parallel.blas_sgemm()
-        self.blas = sgemm is not None
-        if sgemm is not None:
-            use = cdll.omrt_use_sgemm
-            use.argtypes, use.restype = [PTR, I64], None
-            use(*sgemm)
+        cblas = parallel.blas_functions()
+        self.blas = cblas is not None
+        if cblas is not None:
+            use = cdll.omrt_use_blas
+            use.argtypes, use.restype = [PTR, PTR, I64], None
+            use(*cblas)
 
     def get(self, fn: Function) -> Callable | None:
         """The callable for `fn`, or None when the library was built without its unit (or it

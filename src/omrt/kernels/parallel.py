@@ -59,19 +59,20 @@ def _loaded_libraries() -> list[str]:
     return found
 
 
-_SGEMM_SYMBOLS = (("scipy_cblas_sgemm64_", True), ("cblas_sgemm64_", True), ("scipy_cblas_sgemm", False),
-                  ("cblas_sgemm", False))
-"""CBLAS sgemm entry points of OpenBLAS builds, and whether each takes 64-bit sizes."""
+_CBLAS_PREFIXES = (("scipy_cblas_", "64_", True), ("cblas_", "64_", True), ("scipy_cblas_", "", False),
+                   ("cblas_", "", False))
+"""How OpenBLAS builds name their CBLAS functions (prefix, suffix), and whether those take 64-bit
+sizes."""
 
 
 class _Blas:
-    """The thread count setter and getter of the OpenBLAS that numpy uses, and its CBLAS sgemm,
-    when there is one."""
+    """The thread count setter and getter of the OpenBLAS that numpy uses, and its CBLAS sgemm
+    and sgemv, when there is one."""
 
     def __init__(self) -> None:
         self.set: Callable[[int], None] | None = None
         self.get: Callable[[], int] | None = None
-        self.sgemm: tuple[int, bool] | None = None
+        self.cblas: tuple[int, int, bool] | None = None
         self.name = ""
         mode = getattr(os, "RTLD_NOLOAD", 0) | getattr(os, "RTLD_LAZY", 0) or ctypes.DEFAULT_MODE
         for path in _loaded_libraries():
@@ -85,8 +86,10 @@ class _Blas:
                     set_fn.argtypes, set_fn.restype = [ctypes.c_int], None
                     get_fn.argtypes, get_fn.restype = [], ctypes.c_int
                     self.set, self.get, self.name = set_fn, get_fn, os.path.basename(path)
-                    self.sgemm = next(((ctypes.cast(getattr(lib, name), ctypes.c_void_p).value, ilp64)
-                                       for name, ilp64 in _SGEMM_SYMBOLS if hasattr(lib, name)), None)
+                    self.cblas = next(((_address(lib, f"{pre}sgemm{post}"), _address(lib, f"{pre}sgemv{post}"), ilp64)
+                                       for pre, post, ilp64 in _CBLAS_PREFIXES
+                                       if hasattr(lib, f"{pre}sgemm{post}") and hasattr(lib, f"{pre}sgemv{post}")),
+                                      None)
                     return
 
 
@@ -108,10 +111,15 @@ def blas_threads() -> int | None:
     return blas.get() if blas.get is not None else None
 
 
-def blas_sgemm() -> tuple[int, bool] | None:
-    """(address, takes 64-bit sizes) of the CBLAS sgemm of numpy's OpenBLAS, or None: the native
-    kernels multiply through it, so that they share numpy's BLAS and its thread setting."""
-    return _found_blas().sgemm
+def _address(lib: ctypes.CDLL, name: str) -> int:
+    return ctypes.cast(getattr(lib, name), ctypes.c_void_p).value
+
+
+def blas_functions() -> tuple[int, int, bool] | None:
+    """(sgemm, sgemv, they take 64-bit sizes): the CBLAS functions of numpy's OpenBLAS, or None.
+    The native kernels multiply through them, so that they share numpy's BLAS and its thread
+    setting."""
+    return _found_blas().cblas
 
 
 def _pin_blas(pin: bool) -> None:

@@ -21,7 +21,15 @@ static void mm_part(void *p, int64_t item, int64_t thread) {
     const float *a = j->a + m * j->sa + (j->ta ? r0 : r0 * j->lda);
     const float *b = j->b + m * j->sb + (j->tb ? c0 * j->ldb : c0);
     float *c = j->c + m * j->sc + r0 * j->ldc + c0;
-    omrt_sgemm_t(j->ta, j->tb, r1 - r0, c1 - c0, j->K, a, j->lda, b, j->ldb, c, j->ldc);
+    if (j->M == 1)
+        /* a row times B: B's columns (its rows as stored when tb) times the row, by gemv, which
+         * reads B once where gemm would first pack it */
+        omrt_sgemv(!j->tb, j->tb ? c1 - c0 : j->K, j->tb ? j->K : c1 - c0, b, j->ldb, a, j->ta ? j->lda : 1, c, 1);
+    else if (j->N == 1)
+        omrt_sgemv(j->ta, j->ta ? j->K : r1 - r0, j->ta ? r1 - r0 : j->K, a, j->lda, b, j->tb ? 1 : j->ldb, c,
+                   j->ldc);
+    else
+        omrt_sgemm_t(j->ta, j->tb, r1 - r0, c1 - c0, j->K, a, j->lda, b, j->ldb, c, j->ldc);
     for (int64_t r = 0; r < r1 - r0; r++) {
         float *row = c + r * j->ldc;
         if (j->bias)

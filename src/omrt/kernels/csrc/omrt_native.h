@@ -56,6 +56,10 @@ void omrt_parallel(omrt_item_fn fn, void *ctx, int64_t count, int64_t threads);
 void omrt_sgemm_t(int64_t ta, int64_t tb, int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
                   const float *b, int64_t ldb, float *c, int64_t ldc);
 
+/* y (every incy-th float) = A x, or A^T x when ta, A (m x n, row pitch lda) as stored. */
+void omrt_sgemv(int64_t ta, int64_t m, int64_t n, const float *a, int64_t lda, const float *x, int64_t incx,
+                float *y, int64_t incy);
+
 static inline void omrt_sgemm(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, const float *b,
                               int64_t ldb, float *c, int64_t ldc) {
     omrt_sgemm_t(0, 0, m, n, k, a, lda, b, ldb, c, ldc);

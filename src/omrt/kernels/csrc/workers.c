@@ -1,6 +1,6 @@
 /* omrt's native worker threads, built into every native library: a small persistent pool that
  * runs the items of one kernel call (tile chunks, column blocks, planes) on several cores with
- * no Python between them, and the BLAS sgemm those items call.
+ * no Python between them, and the BLAS functions those items call.
  *
  * A call hands the pool a job; the calling thread takes items too and returns once all are done.
  * Idle workers spin for SPIN_NS, so that the layers of one run find them awake (waking a sleeping
@@ -144,14 +144,19 @@ typedef void (*sgemm_ilp64)(int, int, int, int64_t, int64_t, int64_t, float, con
                             const float *, int64_t, float, float *, int64_t);
 typedef void (*sgemm_lp64)(int, int, int, int, int, int, float, const float *, int, const float *, int,
                            float, float *, int);
-static void *sgemm_fn;
-static int sgemm_is_ilp64;
+typedef void (*sgemv_ilp64)(int, int, int64_t, int64_t, float, const float *, int64_t, const float *, int64_t,
+                            float, float *, int64_t);
+typedef void (*sgemv_lp64)(int, int, int, int, float, const float *, int, const float *, int, float, float *,
+                           int);
+static void *sgemm_fn, *sgemv_fn;
+static int blas_is_ilp64;
 
-/* The CBLAS sgemm the kernels call (the BLAS numpy uses, found by omrt at load), and whether it
- * takes 64-bit sizes. */
-OMRT_EXPORT void omrt_use_sgemm(void *fn, int64_t ilp64) {
-    sgemm_fn = fn;
-    sgemm_is_ilp64 = ilp64 != 0;
+/* The CBLAS sgemm and sgemv the kernels call (those of the BLAS numpy uses, found by omrt at
+ * load), and whether they take 64-bit sizes. */
+OMRT_EXPORT void omrt_use_blas(void *sgemm, void *sgemv, int64_t ilp64) {
+    sgemm_fn = sgemm;
+    sgemv_fn = sgemv;
+    blas_is_ilp64 = ilp64 != 0;
 }
 
 enum { ROW_MAJOR = 101, NO_TRANS = 111, TRANS = 112 };
@@ -159,9 +164,18 @@ enum { ROW_MAJOR = 101, NO_TRANS = 111, TRANS = 112 };
 void omrt_sgemm_t(int64_t ta, int64_t tb, int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
                   const float *b, int64_t ldb, float *c, int64_t ldc) {
     int oa = ta ? TRANS : NO_TRANS, ob = tb ? TRANS : NO_TRANS;
-    if (sgemm_is_ilp64)
+    if (blas_is_ilp64)
         ((sgemm_ilp64)sgemm_fn)(ROW_MAJOR, oa, ob, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, c, ldc);
     else
         ((sgemm_lp64)sgemm_fn)(ROW_MAJOR, oa, ob, (int)m, (int)n, (int)k, 1.0f, a, (int)lda, b, (int)ldb, 0.0f, c,
                                (int)ldc);
+}
+
+void omrt_sgemv(int64_t ta, int64_t m, int64_t n, const float *a, int64_t lda, const float *x, int64_t incx,
+                float *y, int64_t incy) {
+    int oa = ta ? TRANS : NO_TRANS;
+    if (blas_is_ilp64)
+        ((sgemv_ilp64)sgemv_fn)(ROW_MAJOR, oa, m, n, 1.0f, a, lda, x, incx, 0.0f, y, incy);
+    else
+        ((sgemv_lp64)sgemv_fn)(ROW_MAJOR, oa, (int)m, (int)n, 1.0f, a, (int)lda, x, (int)incx, 0.0f, y, (int)incy);
 }
