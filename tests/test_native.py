@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import struct
+import subprocess
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -152,6 +153,18 @@ def test_foreign_machine_code_is_refused(cnn_om):
     record.data = b"MZ not an elf"
     kernelstore.load([record], trusted=True)
     assert record.status == "not loaded: not an ELF shared library"
+
+
+def test_a_library_that_is_not_omrts_is_refused(cnn_om, tmp_path):
+    """A shared library with the right target but not built by omrt (no worker pool) is refused
+    with the reason, not called."""
+    source, target = tmp_path / "other.c", tmp_path / "other.so"
+    source.write_text("int other(void) { return 1; }\n")
+    subprocess.run(native_build.compiler().split() + ["-shared", "-fPIC", "-o", str(target), str(source)], check=True)
+    record = kernelstore.unpack(memoryview(_kernels_partition(cnn_om)), cnn_om)[0]
+    record.data = target.read_bytes()
+    assert kernelstore.load([record], trusted=True) is None
+    assert record.status.startswith("not loaded: the dynamic loader refused it: not an omrt kernel library of ABI")
 
 
 @pytest.mark.parametrize("cut, why", [(2, "no record count"), (10, "record 0 is cut short"),

@@ -18,7 +18,7 @@ import numpy as np
 
 from . import parallel
 
-KERNEL_ABI = 2
+KERNEL_ABI = 3
 """Version of the calling convention between kernels and the C functions: bumped when a
 function's arguments change, so that a library built for another ABI is never called."""
 
@@ -57,8 +57,11 @@ class Library:
         self._functions: dict[str, Callable] = {}
         cblas = parallel.blas_functions()
         self.blas = cblas is not None
-        if cblas is not None:
+        try:
             use = cdll.omrt_use_blas
+        except AttributeError as e:
+            raise OSError(f"not an omrt kernel library of ABI {KERNEL_ABI}: {e}") from None
+        if cblas is not None:
             use.argtypes, use.restype = [PTR, PTR, I64], None
             use(*cblas)
 
