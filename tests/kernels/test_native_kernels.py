@@ -321,6 +321,23 @@ def test_native_matmul_matches_numpy_path(native, threads, operands, act, bias):
 
 
 @pytest.mark.parametrize("threads", [1, 2], indirect=True)
+def test_native_attention_products_match_numpy_path(native, threads):
+    """Heads of a batch of one: the leading axis is dropped and the heads are a stack of
+    matrices read through the folded Transposes."""
+    q, k = randn(1, 16, 3, 8), randn(1, 16, 3, 8)
+    ctx = OpContext({"_perm_a": [0, 2, 1, 3], "_perm_b": [0, 2, 3, 1]}, 21, name="t", op_type="MatMul", native=native)
+    infos = [TensorInfo(q.dtype, q.shape), TensorInfo(k.dtype, k.shape)]
+    kernel = lookup("MatMul", 21)(ctx, infos, lookup("MatMul", 21).infer(ctx, infos))
+    calls = []
+    c_matmul = kernel.product.native
+    kernel.product.native = lambda *args: calls.append(c_matmul(*args))
+    scores = np.full(kernel.outputs[0].shape, np.nan, np.float32)
+    kernel.run([q, k], [scores], None)
+    assert len(calls) == 1
+    np.testing.assert_allclose(scores, np.swapaxes(q, 1, 2) @ np.transpose(k, (0, 2, 3, 1)), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("threads", [1, 2], indirect=True)
 @pytest.mark.parametrize("m, n", [(1, 50), (30, 1), (1, 1)])
 @pytest.mark.parametrize("perm_a, perm_b", [(False, False), (True, False), (False, True), (True, True)])
 def test_native_matrix_vector_products(native, threads, m, n, perm_a, perm_b):

@@ -83,6 +83,13 @@ def _blas_operand(x: np.ndarray, batch: int) -> tuple[int, int, int] | None:
     return None
 
 
+def _drop_leading_ones(x: np.ndarray) -> np.ndarray:
+    """x without leading axes of length 1 beyond a stack of matrices (attention's batch of 1)."""
+    while x.ndim > 3 and x.shape[0] == 1:
+        x = x[0]
+    return x
+
+
 class _Product:
     """A @ B into `out`, planned once for the shapes at hand.
 
@@ -111,6 +118,7 @@ class _Product:
                     act: tuple[int, float, float]) -> bool:
         """a @ b (+ bias, then the activation `act`) into out in one native call; False when the
         operands are not matrices BLAS reads in place (then nothing was written)."""
+        a, b, out = (_drop_leading_ones(x) for x in (a, b, out))
         batch = out.shape[0] if out.ndim == 3 else 1
         views = [_blas_operand(x, batch) for x in (a, b, out)]
         m, n = out.shape[-2:]
