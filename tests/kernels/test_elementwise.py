@@ -219,6 +219,26 @@ def test_binary_broadcast_property(op, shapes):
     check(op, [a, b], const=[])
 
 
+@pytest.mark.parametrize("op", ["Sub", "Div", "Add", "Equal", "Pow"])
+@pytest.mark.parametrize("small_first", [False, True])
+def test_binary_tiles_an_input_that_repeats_a_short_pattern(op, small_first):
+    """x - mean over an HWC image: the (3,) input is tiled in the workspace to long rows; a
+    strided operand at run time takes numpy's own broadcast instead."""
+    from omrt.kernels import OpContext, TensorInfo, lookup
+    frame, pattern = randn(48, 64, 3) + 2, randn(64, 3) + 2
+    inputs = [pattern, frame] if small_first else [frame, pattern]
+    ctx = OpContext({}, 21, "n", op_type=op)
+    infos = [TensorInfo(x.dtype, x.shape) for x in inputs]
+    kernel = lookup(op, 21)(ctx, infos, lookup(op, 21).infer(ctx, infos))
+    assert kernel.tile == (0 if small_first else 1, 48 * 64 * 3)
+    check(op, inputs, rtol=1e-5)
+    strided = np.ascontiguousarray(frame.transpose(1, 0, 2)).transpose(1, 0, 2)
+    args = [pattern, strided] if small_first else [strided, pattern]
+    out = np.empty(kernel.outputs[0].shape, kernel.outputs[0].dtype)
+    kernel.run(args, [out], np.zeros(kernel.workspace(), np.uint8))
+    np.testing.assert_allclose(out, reference(op, inputs)[0], rtol=1e-5)
+
+
 # ----------------------------------------------------------------------------- comparisons and logic
 
 
