@@ -39,7 +39,6 @@ IM2COL2D = Function("conv", "omrt_im2col_f32", (PTR, PTR) + (I64,) * 15)
 CONV2D = Function("conv", "omrt_conv2d_f32", (PTR,) * 5 + (I64,) * 20 + (F32, F32), blas=True)
 
 
-
 def _text(value: object, default: str) -> str:
     if value is None:
         return default
@@ -525,10 +524,10 @@ class Conv(Kernel):
         y = outputs[0]
         if y.size == 0:
             return
-        native = x.flags.c_contiguous and y.flags.c_contiguous
-        if self.c_depthwise is not None and native:
+        contiguous = x.flags.c_contiguous and y.flags.c_contiguous
+        if self.c_depthwise is not None and contiguous:
             self._run_depthwise(x, w, b, y, workspace)
-        elif self.c_conv is not None and native:
+        elif self.c_conv is not None and contiguous:
             self._run_native(x, w, b, y, workspace)
         elif self.mode == "pointwise":
             self._pointwise(x, w, b, y)
@@ -547,7 +546,7 @@ class Conv(Kernel):
         """The whole layer in one call: the native workers share it (see _layout for the plan)."""
         fn, geometry = self.c_conv
         threads = threads_for(self.flops)
-        step, buffer = (0, 0)
+        step = buffer = 0
         if self.mode == "im2col":
             split = self._split(min(threads, parallel.MAX_SLOTS))
             step, buffer = split.step, split.buffer // 4
