@@ -8,7 +8,7 @@ import struct
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
 import omrt
 from omrt.format import HEADER, MAGIC, Part
@@ -137,3 +137,26 @@ def test_plan_from_an_omrt_with_other_kernels_is_refused(tmp_path, om_bytes, mon
     with pytest.raises(omrt.FormatError, match=r"\(MatMul\) needs 1048576 bytes of workspace but the plan in "
                                                r"the file gives 0: .* recompile it with this one"):
         omrt.load(_write(tmp_path, om_bytes))
+
+
+def test_a_plan_without_room_for_a_speedup_still_runs(tmp_path, monkeypatch):
+    """A file planned before Binary tiled short broadcasts (no workspace for the tile) loads, and
+    the op runs with numpy's own broadcast."""
+    from omrt.kernels import elementwise
+
+    mean = np.array([0.25, 0.5, 0.75], np.float32)
+    g = helper.make_graph([helper.make_node("Sub", ["x", "mean"], ["y"])], "sub",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [40, 50, 3])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [40, 50, 3])],
+                          [numpy_helper.from_array(mean, "mean")])
+    path = str(tmp_path / "sub.om")
+    with monkeypatch.context() as m:
+        m.setattr(elementwise, "TILE_RUN", 1)
+        omrt.compile(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
+    model = omrt.load(path)
+    kernel = next(k for k in model.default.kernels if k is not None)
+    assert kernel.tile is None and kernel.workspace() == 0
+    x = np.random.default_rng(1).standard_normal((40, 50, 3)).astype(np.float32)
+    np.testing.assert_array_equal(model.session().run({"x": x})["y"], x - mean)
+    omrt.compile(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
+    assert next(k for k in omrt.load(path).default.kernels if k is not None).tile is not None

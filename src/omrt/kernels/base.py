@@ -100,6 +100,11 @@ class Kernel:
         """Scratch bytes this task needs in the arena (planned like any tensor)."""
         return 0
 
+    def fit_workspace(self, nbytes: int) -> bool:
+        """Make do with the `nbytes` of workspace a plan made earlier gives (a file compiled by
+        an older omrt), dropping what only speeds the kernel up; False when it cannot run in them."""
+        return self.workspace() <= nbytes
+
     def run(self, inputs: Sequence[np.ndarray | None], outputs: Sequence[np.ndarray],
             workspace: np.ndarray | None) -> list[np.ndarray] | None:
         """Compute into `outputs` (dynamic kernels return new arrays instead)."""

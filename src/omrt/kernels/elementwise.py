@@ -694,6 +694,11 @@ class Binary(Kernel):
         k, run = self.tile
         return run * self.inputs[k].dtype.itemsize
 
+    def fit_workspace(self, nbytes: int) -> bool:
+        if self.workspace() > nbytes:
+            self.tile = None
+        return super().fit_workspace(nbytes)
+
     @classmethod
     def infer(cls, ctx: OpContext, inputs: Sequence[TensorInfo | None]) -> list[TensorInfo]:
         a, b = inputs[0], inputs[1]

@@ -76,10 +76,18 @@ class WinogradConv(Conv):
         self.tiles = tw * -(-oh // 2)
         self.rows_bytes = _align(max(8 * (2 * tw + 2), 4 * tw) * 4)
         self.plans = {t: self._plan(t) for t in range(1, parallel.MAX_SLOTS + 1)}
+        self.conv_nbytes = self.nbytes
         self.nbytes = max(self.nbytes, max(v * shared + t * slot for t, (v, slot, _, shared) in self.plans.items()))
         act = activation_code(ctx.attrs)
         fn = ctx.native.get(WINOGRAD) if ctx.native is not None else None
         self.c_winograd = (fn, act) if fn is not None and act is not None else None
+
+    def fit_workspace(self, nbytes: int) -> bool:
+        """A plan too small for the Winograd scratch (an older omrt's) runs the layer as a Conv."""
+        if self.nbytes > nbytes:
+            self.c_winograd = None
+            self.nbytes = self.conv_nbytes
+        return super().fit_workspace(nbytes)
 
     def _products(self, filters: int, tiles: int) -> int:
         """Bytes of the products of one pass over `filters` filters and `tiles` tiles."""

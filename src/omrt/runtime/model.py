@@ -71,7 +71,7 @@ def prepare(graph: Graph, program: Program, native: Library | None = None) -> Pr
         outs = [TensorInfo(graph.infos[v].dtype, tuple(program.shapes[v])) if v in program.shapes
                 else None for v in task.outputs]
         kernel = cls(context(node, graph, native), ins, outs)
-        if kernel.workspace() > task.ws_size:
+        if not kernel.fit_workspace(task.ws_size):
             raise FormatError(f"node {node.label!r} ({node.op_type}) needs {kernel.workspace()} bytes of "
                               f"workspace but the plan in the file gives {task.ws_size}: the model was "
                               f"compiled by an omrt with other kernels; recompile it with this one")
