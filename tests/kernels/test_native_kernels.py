@@ -223,30 +223,33 @@ def test_native_pointwise_conv_matches_reference(native, threads, shape, filters
     check("Conv", [x, weight, bias], {"group": group}, native=native, rtol=1e-4, atol=1e-4)
 
 
-def test_winograd_in_a_plan_too_small_for_it_runs_as_a_conv(native):
-    x, weight = randn(1, 16, 8, 8), randn(64, 16, 3, 3)
+def _padded_winograd(filters: int, size: int, native):
+    """A 16-channel 3x3 WinogradConv with pads 1 over a size x size input, and its X and W."""
+    x, weight = randn(1, 16, size, size), randn(filters, 16, 3, 3)
     u = winograd.filter_transform(weight)
     ctx = OpContext({"pads": [1, 1, 1, 1]}, 1, name="t", op_type="WinogradConv", native=native)
     infos = [TensorInfo(x.dtype, x.shape), TensorInfo(weight.dtype, weight.shape), None, TensorInfo(u.dtype, u.shape)]
-    kernel = winograd.WinogradConv(ctx, infos, winograd.WinogradConv.infer(ctx, infos))
+    return winograd.WinogradConv(ctx, infos, winograd.WinogradConv.infer(ctx, infos)), x, weight
+
+
+def _runs_as_conv(kernel, x: np.ndarray, weight: np.ndarray) -> None:
+    y = np.empty(kernel.outputs[0].shape, np.float32)
+    kernel.run([x, weight, None, winograd.filter_transform(weight)], [y], np.zeros(kernel.workspace(), np.uint8))
+    np.testing.assert_allclose(y, reference("Conv", [x, weight], {"pads": [1, 1, 1, 1]})[0], rtol=1e-4, atol=1e-4)
+
+
+def test_winograd_in_a_plan_too_small_for_it_runs_as_a_conv(native):
+    kernel, x, weight = _padded_winograd(64, 8, native)
     assert kernel.c_winograd is not None and kernel.workspace() > kernel.conv_nbytes
     assert not kernel.fit_workspace(kernel.conv_nbytes - 1)
     assert kernel.fit_workspace(kernel.conv_nbytes) and kernel.c_winograd is None
-    y = np.empty(kernel.outputs[0].shape, np.float32)
-    kernel.run([x, weight, None, u], [y], np.zeros(kernel.workspace(), np.uint8))
-    np.testing.assert_allclose(y, reference("Conv", [x, weight], {"pads": [1, 1, 1, 1]})[0], rtol=1e-4, atol=1e-4)
+    _runs_as_conv(kernel, x, weight)
 
 
 def test_winograd_without_blas_runs_as_a_conv(native_without_blas):
-    x, weight = randn(1, 16, 6, 6), randn(16, 16, 3, 3)
-    u = winograd.filter_transform(weight)
-    ctx = OpContext({"pads": [1, 1, 1, 1]}, 1, name="t", op_type="WinogradConv", native=native_without_blas)
-    infos = [TensorInfo(x.dtype, x.shape), TensorInfo(weight.dtype, weight.shape), None, TensorInfo(u.dtype, u.shape)]
-    kernel = winograd.WinogradConv(ctx, infos, winograd.WinogradConv.infer(ctx, infos))
+    kernel, x, weight = _padded_winograd(16, 6, native_without_blas)
     assert kernel.c_winograd is None
-    y = np.empty(kernel.outputs[0].shape, np.float32)
-    kernel.run([x, weight, None, u], [y], np.zeros(kernel.workspace(), np.uint8))
-    np.testing.assert_allclose(y, reference("Conv", [x, weight], {"pads": [1, 1, 1, 1]})[0], rtol=1e-4, atol=1e-4)
+    _runs_as_conv(kernel, x, weight)
 
 
 def test_sigmoid_fused_depthwise_keeps_numpy_path(native):
