@@ -16,8 +16,8 @@ from typing import Sequence
 import numpy as np
 
 from ..errors import KernelError, ShapeError
-from .base import (Dim, Kernel, OpContext, Shape, TensorInfo, broadcast_shapes, normalize_axis, numel,
-                   onnx_dtype, register)
+from .base import (Dim, Kernel, OpContext, Shape, TensorInfo, aligned, broadcast_shapes, normalize_axis,
+                   numel, onnx_dtype, register)
 
 _F32 = np.dtype(np.float32)
 _F64 = np.dtype(np.float64)
@@ -66,7 +66,7 @@ class Scratch:
 
     def add(self, name: str, dtype: np.dtype, shape: tuple[int, ...]) -> None:
         self.specs.append((name, np.dtype(dtype), tuple(shape), self.size))
-        self.size += -(-numel(shape) * np.dtype(dtype).itemsize // 64) * 64
+        self.size += aligned(numel(shape) * np.dtype(dtype).itemsize)
 
     def views(self, workspace: np.ndarray | None) -> dict[str, np.ndarray]:
         return {name: workspace[off:off + numel(shape) * dt.itemsize].view(dt).reshape(shape)

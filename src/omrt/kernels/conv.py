@@ -17,7 +17,7 @@ from numpy.lib.stride_tricks import as_strided
 
 from ..errors import ShapeError
 from . import parallel
-from .base import Dim, Kernel, OpContext, TensorInfo, apply_activation, register
+from .base import Dim, Kernel, OpContext, TensorInfo, aligned, apply_activation, register
 from .native import F32, I64, PTR, Function, activation_code, address, threads_for
 
 WORKSPACE_CAP = 1 << 20
@@ -201,7 +201,7 @@ def plane_scratch(win: Window) -> int:
     (oh, ow), (kh, kw), (dh, dw) = win.out, win.kernel, win.dilations
     padded_width = ow + (kw - 1) * dw
     floats = (2 * oh + (kh - 1) * dh) * padded_width + 2 * (kw - 1) * dw
-    return -(-floats * 4 // 64) * 64
+    return aligned(floats * 4)
 
 
 def _row_chunks(rows: int, row_bytes: int) -> int:
@@ -394,8 +394,7 @@ class Conv(Kernel):
         self.step = _row_chunks(self.win.out[0], self.row_bytes)
         self.flat = all(s == 1 for s in self.win.strides) and self.win.out == self.win.size
         self.padded = self._padded_extent(channels, x.dtype.itemsize) if self.mode == "im2col" else None
-        self.pad_bytes = 0 if self.padded is None else \
-            -(-channels * math.prod(self.padded) * x.dtype.itemsize // 64) * 64
+        self.pad_bytes = 0 if self.padded is None else aligned(channels * math.prod(self.padded) * x.dtype.itemsize)
         self.splits: dict[int, _Split] = {}
         self.cuts: dict[int, list[tuple[slice, slice, slice]]] = {}
         self.nbytes = 0
@@ -504,7 +503,7 @@ class Conv(Kernel):
             step = max(1, self.step // slots)
         else:
             step = -(-rows // (-(-count // slots) * slots))
-        return step, -(-step * self.row_bytes // 64) * 64
+        return step, aligned(step * self.row_bytes)
 
     def _split(self, threads: int) -> _Split:
         """The plan for `threads` threads (made on first use)."""

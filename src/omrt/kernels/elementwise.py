@@ -13,8 +13,8 @@ from typing import Callable, ClassVar, Sequence
 import numpy as np
 
 from ..errors import ShapeError
-from .base import (FUSED_ACTIVATIONS, Kernel, OpContext, TensorInfo, apply_activation, broadcast_shapes,
-                   numel, onnx_dtype, register, relu)
+from .base import (FUSED_ACTIVATIONS, Kernel, OpContext, TensorInfo, aligned, apply_activation,
+                   broadcast_shapes, numel, onnx_dtype, register, relu)
 from .native import I64, PTR, Function, address, threads_for
 
 
@@ -194,7 +194,7 @@ class Pointwise(Unary):
         return np.promote_types(dtype, np.float32)
 
     def _stride(self) -> int:
-        return -(-self.step * self.work.itemsize // 64) * 64
+        return aligned(self.step * self.work.itemsize)
 
     def workspace(self) -> int:
         return self.buffers * self._stride() + self.masks * self.step

@@ -9,10 +9,8 @@ import numpy as np
 from ..errors import ShapeError
 from . import parallel
 from .base import (FUSED_ACTIVATIONS, Kernel, OpContext, Shape, TensorInfo, apply_activation,
-                   broadcast_shapes, numel, register)
+                   broadcast_shapes, carve, carve_size, numel, register)
 from .native import F32, I64, PTR, Function, activation_code, address, threads_for
-
-_ALIGN = 64
 
 MATMUL = Function("linalg", "omrt_matmul_f32", (PTR,) * 4 + (I64,) * 14 + (F32, F32), blas=True)
 
@@ -22,19 +20,9 @@ def _narrow(dtype: np.dtype) -> bool:
     return dtype == np.float16 or dtype.name == "bfloat16"
 
 
-def _wide_bytes(shapes: Sequence[Shape]) -> int:
-    """Workspace bytes for float32 copies of arrays of these shapes, each 64-byte aligned."""
-    return sum(-(-numel(s) * 4 // _ALIGN) * _ALIGN for s in shapes)
-
-
-def _wide_views(workspace: np.ndarray, shapes: Sequence[Shape]) -> list[np.ndarray]:
-    """The float32 arrays `_wide_bytes` made room for, carved from `workspace` in order."""
-    views, offset = [], 0
-    for s in shapes:
-        n = numel(s) * 4
-        views.append(workspace[offset:offset + n].view(np.float32).reshape(s))
-        offset += -(-n // _ALIGN) * _ALIGN
-    return views
+def _wide(shapes: Sequence[Shape]) -> list[tuple[Shape, np.dtype]]:
+    """The `carve` specs of float32 copies of arrays of these shapes."""
+    return [(s, np.dtype(np.float32)) for s in shapes]
 
 
 def _same(a: object, b: object) -> bool:
@@ -109,7 +97,7 @@ class _Product:
             out = (a[0], *b[1:])
         self.shapes = (tuple(a), tuple(b), tuple(out))
         self.wide = _narrow(np.dtype(dtype))
-        self.nbytes = _wide_bytes(self.shapes) if self.wide else 0
+        self.nbytes = carve_size(*_wide(self.shapes)) if self.wide else 0
         native = ctx.native.get(MATMUL) if ctx is not None and ctx.native is not None else None
         self.native = native if np.dtype(dtype) == np.float32 else None
         self.act = (activation_code(ctx.attrs) if fuse else (0, 0.0, 0.0)) if ctx is not None else None
@@ -148,7 +136,7 @@ class _Product:
         if not self.wide:
             parallel.matmul(a, b, out)
             return False
-        a32, b32, o32 = _wide_views(workspace, self.shapes)
+        a32, b32, o32 = carve(workspace, *_wide(self.shapes))
         np.copyto(a32, a)
         np.copyto(b32, b)
         parallel.matmul(a32, b32, o32)
@@ -383,13 +371,13 @@ class Einsum(Kernel):
             self.optimize = np.einsum_path(self.equation, *ghosts, optimize="greedy")[0]
 
     def workspace(self) -> int:
-        return _wide_bytes(self.shapes) if self.wide else 0
+        return carve_size(*_wide(self.shapes)) if self.wide else 0
 
     def run(self, inputs, outputs, workspace):
         if not self.wide:
             np.einsum(self.equation, *inputs, out=outputs[0], optimize=self.optimize)
             return
-        *wide_in, wide_out = _wide_views(workspace, self.shapes)
+        *wide_in, wide_out = carve(workspace, *_wide(self.shapes))
         for w, x in zip(wide_in, inputs):
             np.copyto(w, x)
         np.einsum(self.equation, *wide_in, out=wide_out, optimize=self.optimize)

@@ -14,7 +14,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ..errors import ShapeError
-from .base import Kernel, OpContext, TensorInfo, register
+from .base import Kernel, OpContext, TensorInfo, aligned, register
 from . import conv, parallel
 from .conv import Tap, Window, int_list, plane_scratch, sliding_window, window_of
 from .native import I64, PTR, Function, address, threads_for
@@ -36,10 +36,6 @@ def _kernel_shape(ctx: OpContext, x: TensorInfo) -> list[int]:
         raise ShapeError(f"{ctx.name}: X has rank {x.rank} but kernel_shape={list(ks)} needs rank "
                          f"{len(ks) + 2} (N, C, *spatial)")
     return [int(k) for k in ks]
-
-
-def _align(n: int) -> int:
-    return (n + 63) & ~63
 
 
 @dataclass(frozen=True)
@@ -109,7 +105,7 @@ class _WindowPool(Kernel):
         self.stage_bytes = max(t * self._slot_bytes(self._block(t))
                                for t in range(1, parallel.MAX_SLOTS + 1))
         native_2d = nd == 2 and x.dtype == np.float32
-        self.c_scratch = max(plane_scratch(w), _align(w.size[-1] * x.dtype.itemsize)) if native_2d else 0
+        self.c_scratch = max(plane_scratch(w), aligned(w.size[-1] * x.dtype.itemsize)) if native_2d else 0
         self.stage_bytes = max(self.stage_bytes, parallel.MAX_SLOTS * self.c_scratch)
         self.c_pool = ctx.native.get(POOL2D) if ctx.native is not None and native_2d else None
         self.c_window = (*w.size, *w.out, *w.kernel, *w.strides, *w.dilations, *w.begin)
@@ -127,7 +123,7 @@ class _WindowPool(Kernel):
         return -(-self.planes // threads)
 
     def _slot_bytes(self, block: int) -> int:
-        return sum(_align(block * math.prod(sh) * self.inputs[0].dtype.itemsize) for sh in self.plane_shapes)
+        return sum(aligned(block * math.prod(sh) * self.inputs[0].dtype.itemsize) for sh in self.plane_shapes)
 
     def _reduce(self, ufunc: np.ufunc, x: np.ndarray, y: np.ndarray, workspace: np.ndarray | None,
                 finish: Callable[[np.ndarray], None] | None = None) -> None:
@@ -151,7 +147,7 @@ class _WindowPool(Kernel):
                     shape = (count,) + self.plane_shapes[d]
                     nbytes = math.prod(shape) * x.dtype.itemsize
                     dst = workspace[offset:offset + nbytes].view(x.dtype).reshape(shape)
-                    offset += _align(block * math.prod(self.plane_shapes[d]) * x.dtype.itemsize)
+                    offset += aligned(block * math.prod(self.plane_shapes[d]) * x.dtype.itemsize)
                 else:
                     dst = ys[b0:b0 + count]
                 lead = (slice(None),) * (1 + d)

@@ -17,7 +17,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from . import parallel
-from .base import OpContext, TensorInfo, register
+from .base import OpContext, TensorInfo, aligned, register
 from .conv import Conv, window_of
 from .native import F32, I64, PTR, Function, activation_code, address
 
@@ -74,7 +74,7 @@ class WinogradConv(Conv):
         oh, ow = self.win.out
         tw = -(-ow // 2)
         self.tiles = tw * -(-oh // 2)
-        self.rows_bytes = _align(max(8 * (2 * tw + 2), 4 * tw) * 4)
+        self.rows_bytes = aligned(max(8 * (2 * tw + 2), 4 * tw) * 4)
         self.plans = {t: self._plan(t) for t in range(1, parallel.MAX_SLOTS + 1)}
         self.conv_nbytes = self.nbytes
         self.nbytes = max(self.nbytes, max(v * shared + t * slot for t, (v, slot, _, shared) in self.plans.items()))
@@ -91,7 +91,7 @@ class WinogradConv(Conv):
 
     def _products(self, filters: int, tiles: int) -> int:
         """Bytes of the products of one pass over `filters` filters and `tiles` tiles."""
-        return _align(16 * min(filters, FILTERS_PER_PASS) * tiles * 4)
+        return aligned(16 * min(filters, FILTERS_PER_PASS) * tiles * 4)
 
     def _plan(self, threads: int) -> tuple[int, int, int, int]:
         """(bytes of a V, bytes of each thread's slot, tiles per chunk, shared) on `threads` threads.
@@ -103,10 +103,10 @@ class WinogradConv(Conv):
         n_images, channels = self.inputs[0].shape[:2]
         per_tile = 16 * (channels + min(self.filters, FILTERS_PER_PASS)) * 4
         if threads > 1 and n_images == 1 and self.tiles * per_tile <= SCRATCH_CAP:
-            return (_align(16 * channels * self.tiles * 4),
+            return (aligned(16 * channels * self.tiles * 4),
                     self._products(-(-self.filters // threads), self.tiles) + self.rows_bytes, self.tiles, 1)
         per_chunk = max(1, min(self.tiles, SCRATCH_CAP // threads // per_tile))
-        v = _align(16 * channels * per_chunk * 4)
+        v = aligned(16 * channels * per_chunk * 4)
         return v, v + self._products(self.filters, per_chunk) + self.rows_bytes, per_chunk, 0
 
     def run(self, inputs, outputs, workspace):
@@ -122,7 +122,3 @@ class WinogradConv(Conv):
         fn(address(x), address(inputs[3]), 0 if b is None else address(b), address(y), address(workspace),
            v // 4, slot // 4, per_chunk, shared, FILTERS_PER_PASS, threads, *x.shape, self.filters, oh, ow, pt, pl,
            act, alpha, beta)
-
-
-def _align(n: int) -> int:
-    return -(-n // 64) * 64
