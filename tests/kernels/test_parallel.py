@@ -81,10 +81,7 @@ def test_nested_parallel_for_runs_sequentially_inside_a_worker():
     np.testing.assert_array_equal(out, np.arange(16).reshape(4, 4))
 
 
-def test_run_all_and_spans():
-    hits = []
-    on_threads(2, lambda: parallel.run_all([lambda k=k: hits.append(k) for k in range(5)]))
-    assert sorted(hits) == list(range(5))
+def test_spans():
     assert parallel.spans(10, 3) == [(0, 3), (3, 6), (6, 10)]
     assert parallel.spans(2, 4) == [(0, 1), (1, 2)]
 

@@ -19,7 +19,7 @@ import os
 import queue
 import threading
 import warnings
-from typing import Callable, Sequence
+from typing import Callable
 
 import numpy as np
 
@@ -73,7 +73,6 @@ class _Blas:
         self.set: Callable[[int], None] | None = None
         self.get: Callable[[], int] | None = None
         self.cblas: tuple[int, int, bool] | None = None
-        self.name = ""
         mode = getattr(os, "RTLD_NOLOAD", 0) | getattr(os, "RTLD_LAZY", 0) or ctypes.DEFAULT_MODE
         for path in _loaded_libraries():
             try:
@@ -85,7 +84,7 @@ class _Blas:
                     set_fn, get_fn = getattr(lib, setter), getattr(lib, getter)
                     set_fn.argtypes, set_fn.restype = [ctypes.c_int], None
                     get_fn.argtypes, get_fn.restype = [], ctypes.c_int
-                    self.set, self.get, self.name = set_fn, get_fn, os.path.basename(path)
+                    self.set, self.get = set_fn, get_fn
                     self.cblas = next(((_address(lib, f"{pre}sgemm{post}"), _address(lib, f"{pre}sgemv{post}"), ilp64)
                                        for pre, post, ilp64 in _CBLAS_PREFIXES
                                        if hasattr(lib, f"{pre}sgemm{post}") and hasattr(lib, f"{pre}sgemv{post}")),
@@ -265,11 +264,6 @@ def parallel_for(count: int, fn: Callable[[int, int], None], slots: int = 0) -> 
     job.done.acquire()
     if job.error is not None:
         raise job.error
-
-
-def run_all(tasks: Sequence[Callable[[], None]]) -> None:
-    """Run independent callables on omrt's threads (see parallel_for)."""
-    parallel_for(len(tasks), lambda i, slot: tasks[i]())
 
 
 def spans(total: int, parts: int) -> list[tuple[int, int]]:

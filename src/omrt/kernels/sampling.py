@@ -628,7 +628,8 @@ class GridSample(Kernel):
             return 0
         x = self.inputs[0]
         acc = (x.shape[0],) + self.plane
-        return carve_size((self.plane, x.dtype)) + (carve_size((acc, self.ct), (self.plane, self.ct)) if self.widen else 0)
+        widened = carve_size((acc, self.ct), (self.plane, self.ct)) if self.widen else 0
+        return carve_size((self.plane, x.dtype)) + widened
 
     def _taps(self, coord: np.ndarray, d: int) -> list[_Tap]:
         """(index, weight, valid) per tap along one spatial axis of length d.
@@ -701,7 +702,8 @@ class GridSample(Kernel):
         gathered = carve(workspace, (self.plane, x.dtype))[0]
         acc, scratch = ys, gathered
         if self.widen:
-            acc, scratch = carve(workspace[carve_size((self.plane, x.dtype)):], ((n, c, p), self.ct), (self.plane, self.ct))
+            acc, scratch = carve(workspace[carve_size((self.plane, x.dtype)):], ((n, c, p), self.ct),
+                                 (self.plane, self.ct))
         for j, (flat, weight, _) in enumerate(self._combos(grid)):
             for b in range(n):
                 np.take(xs[b], flat[b], axis=1, out=gathered)

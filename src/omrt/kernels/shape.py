@@ -771,7 +771,6 @@ class GatherElements(_ElementIndexed):
                              f"rank {data.rank}; they must match")
         return [TensorInfo(data.dtype, idx.shape)]
 
-
     def run(self, inputs, outputs, workspace):
         data, idx = inputs[0], inputs[1]
         if idx.size == 0:

@@ -98,7 +98,7 @@ static OMRT_HOT_AVX2 void transform_out(const float *restrict M, const float *re
 typedef struct {
     const float *x, *U, *bias;
     float *y, *work;
-    int64_t v_floats, slot_floats, chunk_tiles, fpass, N, C, H, W, F, OH, OW, PT, PL, act;
+    int64_t v_floats, slot_floats, fpass, C, H, W, F, OH, OW, PT, PL, act;
     float alpha, beta;
     int64_t tw, tiles, rows, chunks, cblocks, fblocks;
 } wg_job;
@@ -159,8 +159,8 @@ OMRT_EXPORT void omrt_winograd_f32(const float *x, const float *U, const float *
                                    float beta) {
     const int64_t tw = (OW + 1) / 2;
     wg_job j = {.x = x, .U = U, .bias = bias, .y = y, .work = work, .v_floats = v_floats, .slot_floats = slot_floats,
-                .chunk_tiles = chunk_tiles, .fpass = fpass, .N = N, .C = C, .H = H, .W = W, .F = F, .OH = OH, .OW = OW,
-                .PT = PT, .PL = PL, .act = act, .alpha = alpha, .beta = beta, .tw = tw, .tiles = tw * ((OH + 1) / 2),
+                .fpass = fpass, .C = C, .H = H, .W = W, .F = F, .OH = OH, .OW = OW, .PT = PT, .PL = PL, .act = act,
+                .alpha = alpha, .beta = beta, .tw = tw, .tiles = tw * ((OH + 1) / 2),
                 .rows = ((8 * (2 * tw + 2) > 4 * tw ? 8 * (2 * tw + 2) : 4 * tw) + 15) & ~(int64_t)15};
     if (shared) {
         j.cblocks = threads < C ? threads : C;
