@@ -354,6 +354,26 @@ def test_native_attention_products_match_numpy_path(native, threads):
     np.testing.assert_allclose(scores, np.swapaxes(q, 1, 2) @ np.transpose(k, (0, 2, 3, 1)), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("attrs, bias_shape", [({"_act": "Sigmoid"}, (24,)), ({"_act": "Relu"}, (17, 24)),
+                                               ({}, (17, 1))])
+def test_native_product_leaves_what_it_cannot_fuse_to_numpy(native, attrs, bias_shape):
+    """An activation the C loop lacks, or a bias that is not a vector over the columns: the
+    product still runs natively, unfused, and numpy adds the bias and applies the activation."""
+    a, b, bias = randn(17, 33), randn(33, 24), randn(*bias_shape)
+    infos = [TensorInfo(x.dtype, x.shape) for x in (a, b, bias)]
+    ctx = OpContext(dict(attrs), 1, name="t", op_type="FusedMatMul", native=native)
+    cls = lookup("FusedMatMul", 1, "omrt")
+    kernel = cls(ctx, infos, cls.infer(ctx, infos))
+    calls = []
+    c_matmul = kernel.product.native
+    kernel.product.native = lambda *args: calls.append(args) or c_matmul(*args)
+    y = np.full((17, 24), np.nan, np.float32)
+    kernel.run([a, b, bias], [y], None)
+    assert len(calls) == 1 and calls[0][2] == 0 and calls[0][-3:] == (0, 0.0, 0.0)
+    np.testing.assert_allclose(y, run_kernel("FusedMatMul", [a, b, bias], attrs, 1, domain="omrt")[0],
+                               rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("threads", [1, 2], indirect=True)
 @pytest.mark.parametrize("m, n", [(1, 50), (30, 1), (1, 1)])
 @pytest.mark.parametrize("perm_a, perm_b", [(False, False), (True, False), (False, True), (True, True)])

@@ -13,6 +13,7 @@ from .base import (FUSED_ACTIVATIONS, Kernel, OpContext, Shape, TensorInfo, appl
 from .native import F32, I64, PTR, Function, activation_code, address, threads_for
 
 MATMUL = Function("linalg", "omrt_matmul_f32", (PTR,) * 4 + (I64,) * 14 + (F32, F32), blas=True)
+_NO_ACTIVATION = (0, 0.0, 0.0)
 
 
 def _narrow(dtype: np.dtype) -> bool:
@@ -57,7 +58,7 @@ def matmul_shape(a: Shape, b: Shape, name: str) -> Shape:
 def _blas_operand(x: np.ndarray, batch: int) -> tuple[int, int, int] | None:
     """(pitch, stored transposed, matrix stride) in floats of a float32 matrix, or stack of
     `batch` matrices (or one for all), that BLAS reads in place; None when it cannot."""
-    if x.ndim not in (2, 3) or any(s % 4 for s in x.strides) or x.ctypes.data % 4:
+    if x.ndim not in (2, 3) or any(s % 4 for s in x.strides) or address(x) % 4:
         return None
     rows, cols = x.shape[-2:]
     r, c = x.strides[-2] // 4, x.strides[-1] // 4
@@ -100,7 +101,7 @@ class _Product:
         self.nbytes = carve_size(*_wide(self.shapes)) if self.wide else 0
         native = ctx.native.get(MATMUL) if ctx is not None and ctx.native is not None else None
         self.native = native if np.dtype(dtype) == np.float32 else None
-        self.act = (activation_code(ctx.attrs) if fuse else (0, 0.0, 0.0)) if ctx is not None else None
+        self.act = activation_code(ctx.attrs) if self.native is not None and fuse else None
 
     def _run_native(self, a: np.ndarray, b: np.ndarray, out: np.ndarray, bias: np.ndarray | None,
                     act: tuple[int, float, float]) -> bool:
@@ -122,17 +123,17 @@ class _Product:
 
     def __call__(self, a: np.ndarray, b: np.ndarray, out: np.ndarray, workspace: np.ndarray | None,
                  bias: np.ndarray | None = None) -> bool:
-        """out = a @ b; with the native library also + bias (a float32 vector over the columns)
-        and the fused activation (unless made with fuse=False), returning True when it applied
-        them."""
+        """out = a @ b; True when it also added `bias` and applied the node's activation, which
+        the native call does when the activation is one it fuses (and the product was made with
+        fuse=True) and the bias a float32 vector over the columns. On False the caller does both."""
         if self.fold:
             a = a.reshape(self.shapes[0])
             out = out.reshape(self.shapes[2])
-        if self.native is not None and self.act is not None and (
-                bias is None or (bias.dtype == np.float32 and bias.flags.c_contiguous
-                                 and bias.size == out.shape[-1] == bias.shape[-1])):
-            if self._run_native(a, b, out, bias, self.act):
-                return True
+        if self.native is not None:
+            fuse = self.act is not None and (bias is None or (
+                bias.dtype == np.float32 and bias.flags.c_contiguous and bias.size == out.shape[-1] == bias.shape[-1]))
+            if self._run_native(a, b, out, bias if fuse else None, self.act if fuse else _NO_ACTIVATION):
+                return fuse
         if not self.wide:
             parallel.matmul(a, b, out)
             return False
@@ -288,8 +289,7 @@ class Gemm(Kernel):
     def run(self, inputs, outputs, workspace):
         a, b, out = inputs[0], inputs[1], outputs[0]
         bias = inputs[2] if self.has_c and self.as_bias else None
-        if self.product(a.T if self.trans_a else a, b.T if self.trans_b else b, out, workspace, bias) \
-                and self.as_bias:
+        if self.product(a.T if self.trans_a else a, b.T if self.trans_b else b, out, workspace, bias):
             return
         alpha, beta = self.alpha, self.beta
         if self.has_c:

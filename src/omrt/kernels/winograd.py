@@ -19,7 +19,7 @@ import numpy as np
 from . import parallel
 from .base import OpContext, TensorInfo, aligned, register
 from .conv import Conv, window_of
-from .native import F32, I64, PTR, Function, activation_code, address
+from .native import F32, I64, PTR, Function, activation_code, address, threads_for
 
 WINOGRAD = Function("winograd", "omrt_winograd_f32", (PTR,) * 5 + (I64,) * 16 + (F32, F32), blas=True)
 
@@ -75,12 +75,16 @@ class WinogradConv(Conv):
         tw = -(-ow // 2)
         self.tiles = tw * -(-oh // 2)
         self.rows_bytes = aligned(max(8 * (2 * tw + 2), 4 * tw) * 4)
-        self.plans = {t: self._plan(t) for t in range(1, parallel.MAX_SLOTS + 1)}
+        plans = {t: self._plan(t) for t in range(1, parallel.MAX_SLOTS + 1)}
         self.conv_nbytes = self.nbytes
-        self.nbytes = max(self.nbytes, max(v * shared + t * slot for t, (v, slot, _, shared) in self.plans.items()))
+        self.nbytes = max(self.nbytes, max(v * shared + t * slot for t, (v, slot, _, shared) in plans.items()))
         act = activation_code(ctx.attrs)
         fn = ctx.native.get(WINOGRAD) if ctx.native is not None else None
-        self.c_winograd = (fn, act) if fn is not None and act is not None else None
+        self.c_winograd = None
+        if fn is not None and act is not None:
+            geometry = (*inputs[0].shape, self.filters, oh, ow, *self.win.begin, *act)
+            self.c_winograd = fn, {t: (v // 4, slot // 4, per_chunk, shared, FILTERS_PER_PASS, t, *geometry)
+                                   for t, (v, slot, per_chunk, shared) in plans.items()}
 
     def fit_workspace(self, nbytes: int) -> bool:
         """A plan too small for the Winograd scratch (an older omrt's) runs the layer as a Conv."""
@@ -114,11 +118,7 @@ class WinogradConv(Conv):
         if self.c_winograd is None or not (x.flags.c_contiguous and y.flags.c_contiguous) or y.size == 0:
             super().run(inputs, outputs, workspace)
             return
-        fn, (act, alpha, beta) = self.c_winograd
+        fn, args = self.c_winograd
         b = inputs[2] if len(inputs) > 2 else None
-        threads = min(parallel.get_num_threads(), parallel.MAX_SLOTS)
-        v, slot, per_chunk, shared = self.plans[threads]
-        (oh, ow), (pt, pl) = self.win.out, self.win.begin
         fn(address(x), address(inputs[3]), 0 if b is None else address(b), address(y), address(workspace),
-           v // 4, slot // 4, per_chunk, shared, FILTERS_PER_PASS, threads, *x.shape, self.filters, oh, ow, pt, pl,
-           act, alpha, beta)
+           *args[threads_for(self.flops, slots=parallel.MAX_SLOTS)])
