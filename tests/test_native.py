@@ -123,8 +123,14 @@ def test_no_c_compiler_warns_and_still_compiles(tmp_path, monkeypatch):
 
 def test_failing_c_compiler_warns_with_its_message(tmp_path, monkeypatch):
     monkeypatch.setattr(native_build, "FLAGS", native_build.FLAGS + ["-DOMRT_NO_SUCH=\"", "-fno-such-flag"])
-    with pytest.warns(RuntimeWarning, match="building native kernels failed, the model runs on numpy kernels"):
-        omrt.compile(cnn_model(), str(tmp_path / "bad.om"))
+    path = str(tmp_path / "bad.om")
+    with pytest.warns(RuntimeWarning, match="building native kernels failed, the model runs on numpy kernels") as got:
+        omrt.compile(cnn_model(), path)
+    assert "no-such-flag" in str(got[0].message)
+    assert kernelstore.unpack(memoryview(_kernels_partition(path)), path) == []
+    x = RNG.standard_normal((1, 8, 12, 12)).astype(np.float32)
+    np.testing.assert_allclose(omrt.load(path, trust_kernels=True).session().run({"x": x})["y"], reference(x),
+                               rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("change, why", [
