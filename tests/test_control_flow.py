@@ -15,7 +15,7 @@ from onnx.reference import ReferenceEvaluator
 import omrt
 from omrt.format import OmFile, Part
 from omrt.ir import CAPTURES, Graph
-from omrt.lower import ARENA, DYNAMIC, OUTPUT
+from omrt.plan import ARENA, DYNAMIC, OUTPUT
 
 RNG = np.random.default_rng(3)
 

@@ -7,7 +7,7 @@ import pytest
 
 import omrt
 from omrt.demo import backend_input, light_model, read_tensor
-from omrt.lower import verify
+from omrt.plan import verify
 
 # name, rtol, atol: the values onnx's backend test uses for these models
 LIGHT = [("bvlc_alexnet", 1e-3, 1e-7), ("densenet121", 2e-3, 1e-7), ("inception_v1", 1e-3, 1e-7),

@@ -14,8 +14,9 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import omrt
-from omrt import kernelstore
-from omrt.compiler import native as native_build
+from omrt.format import kernelstore
+from omrt.native import build as native_build
+from omrt.native import loader
 from omrt.format import HEADER, OmFile, Part
 from omrt.kernels import native
 from omrt.kernels.native import KERNEL_ABI
@@ -143,7 +144,7 @@ def test_host_mismatch_is_refused_with_the_reason(cnn_om, change, why):
     if change.get("libc_version") and record.target.get("libc") != "glibc":
         pytest.skip("not a glibc host")
     record.target = {**record.target, **change}
-    assert kernelstore.load([record], trusted=True) is None
+    assert loader.load([record], trusted=True) is None
     assert record.status.startswith("not loaded: " + why)
 
 
@@ -151,13 +152,13 @@ def test_foreign_machine_code_is_refused(cnn_om):
     record = kernelstore.unpack(memoryview(_kernels_partition(cnn_om)), cnn_om)[0]
     data = bytearray(record.data)
     struct.pack_into("<H", data, 18, 183)  # EM_AARCH64 (or x86-64 on an aarch64 host)
-    if kernelstore.elf_identity(bytes(data)) == kernelstore.elf_identity(record.data):
+    if loader.elf_identity(bytes(data)) == loader.elf_identity(record.data):
         struct.pack_into("<H", data, 18, 62)
     record.data = bytes(data)
-    assert kernelstore.load([record], trusted=True) is None
+    assert loader.load([record], trusted=True) is None
     assert "ELF class/byte order/machine" in record.status
     record.data = b"MZ not an elf"
-    kernelstore.load([record], trusted=True)
+    loader.load([record], trusted=True)
     assert record.status == "not loaded: not an ELF shared library"
 
 
@@ -169,7 +170,7 @@ def test_a_library_that_is_not_omrts_is_refused(cnn_om, tmp_path):
     subprocess.run(native_build.compiler().split() + ["-shared", "-fPIC", "-o", str(target), str(source)], check=True)
     record = kernelstore.unpack(memoryview(_kernels_partition(cnn_om)), cnn_om)[0]
     record.data = target.read_bytes()
-    assert kernelstore.load([record], trusted=True) is None
+    assert loader.load([record], trusted=True) is None
     assert record.status.startswith("not loaded: the dynamic loader refused it: not an omrt kernel library of ABI")
 
 

@@ -8,8 +8,9 @@ from hypothesis import given, settings, strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
 import omrt
-from omrt.lower import INPUT, OUTPUT, PlanError, verify
-from omrt.planner import ALIGN, Block, lower_bound, naive_size, overlaps, picture, place
+from omrt.memory import ALIGN
+from omrt.plan import INPUT, OUTPUT, PlanError, verify
+from omrt.plan.arena import Block, lower_bound, naive_size, overlaps, picture, place
 
 blocks_strategy = st.lists(
     st.tuples(st.integers(1, 5000), st.integers(0, 30), st.integers(0, 10)), min_size=1, max_size=40)

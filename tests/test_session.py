@@ -28,9 +28,9 @@ def test_bound_io_is_zero_copy(mlp_om):
     assert out is y
     np.testing.assert_allclose(y, mlp_reference(x), rtol=1e-5, atol=1e-4)
     # the first task reads the caller's input buffer and the last writes the caller's output buffer
-    kernel, ins, _, _, _ = sess._args[0]
-    assert np.shares_memory(ins[0], x)
-    assert any(np.shares_memory(o, y) for _, _, outs, _, _ in sess._args for o in outs if o is not None)
+    steps = sess._executor.instructions
+    assert np.shares_memory(steps[0].inputs[0], x)
+    assert any(np.shares_memory(o, y) for step in steps for o in step.outputs if o is not None)
     x[:] = RNG.standard_normal((4, 64))
     sess.run()
     np.testing.assert_allclose(y, mlp_reference(x), rtol=1e-5, atol=1e-4)
@@ -43,16 +43,16 @@ def test_rebinding_refreshes_only_that_tensors_uses(mlp_om):
     b = RNG.standard_normal((4, 64)).astype(np.float32)
     sess.bind("x", a)
     ya = sess.run()["y"].copy()
-    before = [list(ins) for _, ins, _, _, _ in sess._args]
+    before = [list(step.inputs) for step in sess._executor.instructions]
     sess.bind("x", b)
     yb = sess.run()["y"]
     np.testing.assert_allclose(ya, mlp_reference(a), rtol=1e-5, atol=1e-4)
     np.testing.assert_allclose(yb, mlp_reference(b), rtol=1e-5, atol=1e-4)
-    changed = [(t, i) for t, (_, ins, _, _, _) in enumerate(sess._args) for i, v in enumerate(ins)
+    changed = [(t, i) for t, step in enumerate(sess._executor.instructions) for i, v in enumerate(step.inputs)
                if v is not before[t][i]]
     assert changed == [(t, i) for t, i in changed if sess._prep.program.places[
         sess._prep.program.tasks[t].inputs[i]].key == "x"]
-    assert len(changed) == len(sess._uses["x"])
+    assert len(changed) == len(sess._executor.slots["x"])
 
 
 def test_fresh_outputs_are_owned_by_the_caller(mlp_om):
@@ -160,8 +160,10 @@ def test_steady_state_run_allocates_no_tensor_memory(tmp_path):
 def test_sessions_share_weights(mlp_om):
     model = omrt.load(mlp_om)
     s1, s2 = model.session(), model.session()
-    w1 = [a for _, ins, _, _, _ in s1._args for a in ins if a is not None and a.flags.writeable is False]
-    w2 = [a for _, ins, _, _, _ in s2._args for a in ins if a is not None and a.flags.writeable is False]
+    w1 = [a for step in s1._executor.instructions for a in step.inputs
+          if a is not None and a.flags.writeable is False]
+    w2 = [a for step in s2._executor.instructions for a in step.inputs
+          if a is not None and a.flags.writeable is False]
     assert w1 and all(np.shares_memory(a, b) for a, b in zip(w1, w2))
     assert not np.shares_memory(s1._arena, s2._arena)
 
@@ -180,8 +182,8 @@ def test_dynamic_batch_plans_are_cached_per_signature(dynamic_om):
 
 def test_profile_times_every_op_type_and_restores_the_plain_loop(mlp_om):
     sess = omrt.load(mlp_om).session()
-    plain = sess._args
+    plain = list(sess._executor.instructions)
     x = RNG.standard_normal((4, 64)).astype(np.float32)
     per_op = sess.profile({"x": x}, repeat=3)
     assert set(per_op) == {"FusedMatMul", "MatMul"} and all(v > 0 for v in per_op.values())
-    assert sess._args is plain and sess.stats.runs == 3
+    assert sess._executor.instructions == plain and sess.stats.runs == 3

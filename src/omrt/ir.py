@@ -56,7 +56,7 @@ class TensorInfo:
 
     `shape` is None where not even the rank is known before run time: elements of sequences and
     optionals whose type leaves the shape out, and what is computed from them. A kernel may be
-    handed one at compile time; when its `infer` fails on it, `omrt.infer.propagate` leaves the
+    handed one at compile time; when its `infer` fails on it, `omrt.plan.infer.propagate` leaves the
     outputs unknown in the same way (they are computed at run time anyway).
     """
 

@@ -6,8 +6,7 @@ import html
 from collections import Counter
 
 from .format import Part
-from .lower import Program
-from .planner import picture
+from .plan import Program, picture
 from .runtime import Model
 
 
@@ -55,10 +54,11 @@ def describe(model: Model, plan: bool = False) -> str:
         lines.append("tasks:")
         for t, task in enumerate(p.tasks):
             node = model.graph.nodes[task.node]
-            ws = f"  workspace {task.ws_size}@{task.ws_offset}" if task.ws_size else ""
+            workspace = (f"  workspace {task.workspace_size}@{task.workspace_offset}" if task.workspace_size
+                         else "")
             outs = ", ".join(f"{v}->{p.places[v].region}@{p.places[v].offset}"
                              for v in task.outputs if v in p.places)
-            lines.append(f"  {t:4d} {node.op_type:<20} {outs}{ws}")
+            lines.append(f"  {t:4d} {node.op_type:<20} {outs}{workspace}")
         lines.append("arena over time (rows: tasks, columns: bytes):")
         lines.append(picture(p.blocks, p.arena_size, len(p.tasks)))
     return "\n".join(lines)

@@ -12,10 +12,10 @@ from hypothesis import strategies as st
 
 from kernel_check import check, randn, reference, run_kernel
 import omrt
-from omrt.compiler.native import build
+from omrt.native.build import build
 from omrt.kernels import OpContext, TensorInfo, conv, lookup, winograd
 from omrt.kernels import native as native_module
-from omrt.kernelstore import load
+from omrt.native.loader import load
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 

@@ -14,15 +14,15 @@ import onnx
 
 from .. import __version__
 from ..format import Part, write
-from ..kernels.native import KERNEL_ABI
-from ..kernelstore import kinds_flag, pack
-from ..infer import propagate
+from ..format.kernelstore import Packed, kinds_flag, pack
+from ..format.modeldef import encode, weight_layout, weights
 from ..ir import Graph
-from ..lower import Program, lower
-from ..modeldef import encode, weight_layout, weights
+from ..kernels import lookup
+from ..kernels.native import KERNEL_ABI
+from ..native import build
+from ..plan import Program, lower, propagate
 from .importer import import_model, load_model
-from .native import native_library
-from .passes import optimize
+from .passes import optimize, use_winograd
 
 
 @dataclass
@@ -57,12 +57,28 @@ def _weights_writer(constants: dict, layout: dict) -> Callable:
     return produce
 
 
+def native_units(graph: Graph) -> list[str]:
+    """The C units the kernels of `graph`'s nodes can use, sorted."""
+    units: set[str] = set()
+    for node in graph.nodes:
+        units.update(lookup(node.op_type, graph.opset(node.domain), node.domain, node.label).native_units)
+    return sorted(units)
+
+
+def _native_library(graph: Graph, say: Callable[[str], None]) -> Packed | None:
+    """The native library record for `graph`, after the rewrites that pay only with it (when a C
+    compiler is there to build it)."""
+    if build.compiler() is not None:
+        use_winograd(graph)
+    return build.build(native_units(graph), say)
+
+
 def compile_model(model: Any, output: str | os.PathLike, shapes: Mapping[str, Sequence[int]] | None = None,
                   progress: Callable[[str], None] | None = None, native: bool = True) -> CompileResult:
     """Compile `model` into `output`; on any failure nothing is written.
 
     `native` packs the C kernels the model's ops can use (built with the host's C compiler; see
-    `omrt.kernels.native`); without them, or without a compiler, the model runs on numpy kernels.
+    `omrt.native`); without them, or without a compiler, the model runs on numpy kernels.
     """
     t0 = time.perf_counter()
     say = progress or (lambda msg: None)
@@ -74,7 +90,7 @@ def compile_model(model: Any, output: str | os.PathLike, shapes: Mapping[str, Se
     propagate(graph, fold=True)
     say("fusing")
     optimize(graph)
-    library = native_library(graph, say) if native else None
+    library = _native_library(graph, say) if native else None
     program = None
     if all(graph.infos[v].static for v in graph.inputs if graph.infos[v].is_tensor):
         say("planning memory")

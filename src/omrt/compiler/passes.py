@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..ir import Graph, Node
-from ..kernels import lookup
+from ..kernels import lookup, winograd
 from ..kernels.base import FUSED_ACTIVATIONS, UnsupportedOpError
 from ..kernels.linalg import PERMS
 
@@ -498,4 +498,24 @@ def optimize(graph: Graph) -> Graph:
                     fuse_matmul_bias, fuse_activations, fuse_gelu, fold_matmul_scale,
                     fold_transposes_into_matmul):
         graph = rewrite(graph)
+    return graph
+
+
+def use_winograd(graph: Graph) -> Graph:
+    """Rewrite the Convs that Winograd speeds up as omrt::WinogradConv, adding their transformed
+    filters as weights (they keep their own: see omrt.kernels.winograd). Only worth it when the
+    native library is packed, since the transforms are C loops."""
+    for node in graph.nodes:
+        if node.op_type != "Conv" or node.domain or len(node.inputs) < 2:
+            continue
+        w = graph.constants.get(node.inputs[1])
+        if w is None or not winograd.eligible(node.attrs, graph.infos[node.inputs[0]], w):
+            continue
+        transformed = f"{node.inputs[1]}__winograd"
+        if transformed not in graph.constants:
+            graph.add_constant(transformed, winograd.filter_transform(w))
+        bias = node.inputs[2] if len(node.inputs) > 2 else ""
+        node.op_type, node.domain = "WinogradConv", "omrt"
+        node.inputs = [node.inputs[0], node.inputs[1], bias, transformed]
+        graph.opsets.setdefault("omrt", 1)
     return graph

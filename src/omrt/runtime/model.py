@@ -5,78 +5,17 @@ from __future__ import annotations
 import json
 import os
 import threading
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Mapping, Sequence
-
-import numpy as np
+from typing import Mapping, Sequence
 
 from ..errors import FormatError, InputError
 from ..format import OmFile, Part
-from ..infer import context, propagate
-from ..ir import Graph, Shape, TensorInfo
-from ..kernels import lookup
-from ..kernels.base import Kernel
-from ..kernels.native import Library
-from ..kernelstore import Packed, unpack
-from ..kernelstore import load as load_kernels
-from ..lower import DYNAMIC, Program, lower
-from ..modeldef import decode, decode_program
-
-if TYPE_CHECKING:
-    from .session import Session
-
-
-@dataclass(frozen=True)
-class IOSpec:
-    """A model input or output: name, dtype and shape (symbolic dims are strings).
-
-    `kind` is "tensor" for arrays; "sequence" values are lists of arrays of `dtype`, "optional"
-    ones None or their element (see `omrt.ir.TensorInfo`); their shape is the elements', empty
-    when not even its rank is known.
-    """
-
-    name: str
-    dtype: np.dtype
-    shape: Shape
-    kind: str = "tensor"
-
-
-@dataclass
-class Prepared:
-    """A program with a kernel instance per task (None for tasks prepared at run time)."""
-
-    program: Program
-    graph: Graph
-    kernels: list[Kernel | None]
-
-    def info(self, value: str) -> TensorInfo:
-        shape = self.program.shapes[value]
-        return TensorInfo(self.graph.infos[value].dtype, None if shape is None else tuple(shape))
-
-
-def prepare(graph: Graph, program: Program, native: Library | None = None) -> Prepared:
-    """Instantiate every task's kernel with the program's concrete shapes (and the model's native
-    library, when it has a trusted one)."""
-    kernels: list[Kernel | None] = []
-    for task in program.tasks:
-        node = graph.nodes[task.node]
-        if any(program.places.get(v) is not None and program.places[v].region == DYNAMIC
-               for v in task.outputs if v):
-            kernels.append(None)
-            continue
-        cls = lookup(node.op_type, graph.opset(node.domain), node.domain, node.label)
-        ins = [None if not v else (graph.infos[v] if v in graph.constants
-                                   else TensorInfo(graph.infos[v].dtype, tuple(program.shapes[v])))
-               for v in task.inputs]
-        outs = [TensorInfo(graph.infos[v].dtype, tuple(program.shapes[v])) if v in program.shapes
-                else None for v in task.outputs]
-        kernel = cls(context(node, graph, native), ins, outs)
-        if not kernel.fit_workspace(task.ws_size):
-            raise FormatError(f"node {node.label!r} ({node.op_type}) needs {kernel.workspace()} bytes of "
-                              f"workspace but the plan in the file gives {task.ws_size}: the model was "
-                              f"compiled by an omrt with other kernels; recompile it with this one")
-        kernels.append(kernel)
-    return Prepared(program, graph, kernels)
+from ..format.kernelstore import Packed, unpack
+from ..format.modeldef import decode, decode_program
+from ..ir import Graph, TensorInfo
+from ..native.loader import load as load_kernels
+from ..plan import lower, propagate
+from .prepare import IOSpec, Prepared, prepare
+from .session import Session
 
 
 def _signature_key(shapes: Mapping[str, Sequence[int]]) -> tuple:
@@ -160,10 +99,8 @@ class Model:
         propagate(graph, fold=True)
         return prepare(graph, lower(graph), self.native)
 
-    def session(self, zero_copy: str = "auto") -> "Session":
+    def session(self, zero_copy: str = "auto") -> Session:
         """A new session: its own arena and bindings, sharing this model's weights and kernels."""
-        from .session import Session
-
         return Session(self, zero_copy)
 
 

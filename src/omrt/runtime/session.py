@@ -1,24 +1,26 @@
-"""A session: one arena, the caller's bound buffers, and the task loop.
+"""A session: one arena, the caller's bound buffers, and the rules for using them in place.
 
-Binding re-points only the task arguments that refer to that tensor (address refresh), so its
-cost is proportional to the tensor's uses. Inputs and outputs whose buffers fit are used in place;
-others are copied through fallback blocks (mode "auto") or refused (mode "always").
+Inputs and outputs whose buffers fit are used in place (the executor re-points only the task
+arguments that refer to them); others are copied through fallback blocks (mode "auto") or refused
+(mode "always"). Every copy is counted in `Session.stats` with its reason.
 """
 
 from __future__ import annotations
 
-import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 import numpy as np
 
-from ..errors import BindError, InputError, KernelError, OmrtError
-from ..infer import context, execute, infer_outputs, info_of
-from ..kernels import lookup
-from ..lower import ARENA, DYNAMIC, INPUT, OUTPUT, WEIGHT
-from .model import IOSpec, Model, Prepared
+from ..errors import BindError, InputError
+from ..memory import aligned_empty
+from ..plan import DYNAMIC
+from .executor import Executor
+from .prepare import IOSpec, Prepared
+
+if TYPE_CHECKING:
+    from .model import Model
 
 MODES = ("auto", "always")
 
@@ -37,12 +39,6 @@ class Stats:
     def count(self, reason: str, nbytes: int) -> None:
         self.copies[reason] += 1
         self.bytes_copied += nbytes
-
-
-def _aligned_bytes(n: int) -> np.ndarray:
-    raw = np.empty(n + 64, np.uint8)
-    start = (-raw.ctypes.data) % 64
-    return raw[start:start + n]
 
 
 def _as_array(obj: Any, name: str) -> np.ndarray:
@@ -93,7 +89,7 @@ def _owned(value: Any) -> tuple[Any, int]:
 class Session:
     """Runs a model with its own arena; bind buffers once, then `run()` as often as you like."""
 
-    def __init__(self, model: Model, zero_copy: str = "auto") -> None:
+    def __init__(self, model: "Model", zero_copy: str = "auto") -> None:
         if zero_copy not in MODES:
             raise InputError(f"zero_copy={zero_copy!r}: choose one of {MODES}")
         self.model = model
@@ -103,70 +99,34 @@ class Session:
         self._is_output = {s.name: True for s in model.outputs}
         self._bound: dict[str, np.ndarray] = {}
         self._held: dict[str, Any] = {}
-        self._target: dict[str, np.ndarray] = {}
         self._arena = np.empty(0, np.uint8)
         self._io: np.ndarray | None = None
-        self._prep: Prepared | None = None
+        self._executor: Executor | None = None
         if model.default is not None:
             self._use(model.default)
 
-    # ------------------------------------------------------------------ program state
+    @property
+    def _prep(self) -> Prepared | None:
+        return None if self._executor is None else self._executor.prep
 
     def _use(self, prep: Prepared) -> None:
-        """Lay the program's tensors over this session's arena and build the task arguments."""
+        """Run `prep` from now on: grow the arena if it needs more, and lay the program over it."""
         p = prep.program
         if self._arena.size < p.arena_size:
-            self._arena = _aligned_bytes(p.arena_size)
+            self._arena = aligned_empty(p.arena_size)
         if self._io is not None and self._io.size < p.io_size:
             self._io = None
-        self._prep = prep
-        self._target = {}
-        graph = prep.graph
-        arrays: dict[str, np.ndarray] = {}
-        for v, pl in p.places.items():
-            info = prep.info(v) if v not in graph.constants else graph.infos[v]
-            if pl.region == ARENA:
-                arrays[v] = self._arena[pl.offset:pl.offset + info.nbytes].view(info.dtype).reshape(info.shape)
-            elif pl.region == WEIGHT:
-                arrays[v] = graph.constants[pl.key].reshape(info.shape)
-        self._arrays = arrays
-        self._uses: dict[str, list[tuple[list, int, tuple]]] = {}
-        self._args = []
-        for t, task in enumerate(p.tasks):
-            ins = [arrays.get(v) if v else None for v in task.inputs]
-            outs = [arrays.get(v) if v else None for v in task.outputs]
-            for lst, names in ((ins, task.inputs), (outs, task.outputs)):
-                for pos, v in enumerate(names):
-                    pl = p.places.get(v) if v else None
-                    if pl is not None and pl.region in (INPUT, OUTPUT):
-                        self._uses.setdefault(pl.key, []).append((lst, pos, tuple(p.shapes[v])))
-            ws = self._arena[task.ws_offset:task.ws_offset + task.ws_size] if task.ws_size else None
-            self._args.append((prep.kernels[t], ins, outs, ws, task))
+        self._executor = Executor(prep, self._arena)
         self.stats.arena_bytes = p.arena_size
         self.stats.lower_bound = p.lower_bound
         for name, arr in self._bound.items():
             self._check(name, arr)
 
-    def _point(self, name: str, buf: np.ndarray) -> None:
-        """Address refresh: re-point every task argument that refers to I/O tensor `name`."""
-        if self._target.get(name) is buf:
-            return
-        for lst, pos, shape in self._uses.get(name, ()):
-            lst[pos] = buf.reshape(shape)
-        self._target[name] = buf
-
-    def _value(self, name: str) -> np.ndarray:
-        """The array holding value `name` now (arena, weights, or an I/O tensor's current buffer)."""
-        pl = self._prep.program.places[name]
-        if pl.region in (INPUT, OUTPUT):
-            return self._target[pl.key].reshape(self._prep.program.shapes[name])
-        return self._arrays[name]
-
     def _fallback(self, name: str) -> np.ndarray:
         """The planned fallback block for I/O tensor `name` (allocated on first need)."""
         p = self._prep.program
         if self._io is None:
-            self._io = _aligned_bytes(max(p.io_size, 1))
+            self._io = aligned_empty(max(p.io_size, 1))
             self.stats.io_fallback_bytes = p.io_size
         spec = self._specs[name]
         shape = tuple(p.shapes[name])
@@ -241,14 +201,38 @@ class Session:
             raise InputError(f"nothing is bound to {name!r}; bound tensors are "
                              f"{sorted(self._bound) + sorted(self._held)}")
         del self._bound[name]
-        self._target.pop(name, None)
+        if self._executor is not None:
+            self._executor.forget(name)
 
     # ------------------------------------------------------------------ running
 
     def run(self, feeds: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """Run once; `feeds` are inputs for this run only. Returns every output by name (arrays;
         lists of arrays for sequences; None for an empty optional)."""
+        return self._run(feeds)
+
+    def profile(self, feeds: Mapping[str, Any] | None = None, repeat: int = 10) -> dict[str, float]:
+        """Run `repeat` times timing every kernel; mean seconds per run by op type, slowest first."""
+        totals: Counter = Counter()
+        for _ in range(repeat):
+            self._run(feeds, totals)
+        return {op: sec / repeat for op, sec in totals.most_common()}
+
+    def _run(self, feeds: Mapping[str, Any] | None, timings: Counter | None = None) -> dict[str, Any]:
         feeds = dict(feeds or {})
+        arrays, values = self._gather_inputs(feeds)
+        prep = self._prep
+        if prep is None or any(tuple(prep.program.signature[n]) != a.shape for n, a in arrays.items()):
+            self._use(self.model.prepared({n: a.shape for n, a in arrays.items()}))
+        self._place_inputs(arrays, feeds)
+        results, late = self._place_outputs()
+        found = self._executor.run(values, timings)
+        self._finish_outputs(results, late, found)
+        self.stats.runs += 1
+        return results
+
+    def _gather_inputs(self, feeds: dict[str, Any]) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        """This run's tensor inputs (fed or bound) and its sequence and optional inputs."""
         for name in feeds:
             if name not in self._specs or self._is_output.get(name):
                 raise InputError(f"{name!r} is not an input of the model; the inputs are "
@@ -271,126 +255,59 @@ class Session:
             else:
                 raise InputError(f"input {spec.name!r} is missing: pass it in feeds or bind it "
                                  f"(dtype {spec.dtype}, shape {tuple(spec.shape)})")
-        prep = self._prep
-        if prep is None or any(tuple(prep.program.signature[n]) != a.shape for n, a in arrays.items()):
-            prep = self.model.prepared({n: a.shape for n, a in arrays.items()})
-            self._use(prep)
-        program = prep.program
+        return arrays, values
+
+    def _place_inputs(self, arrays: dict[str, np.ndarray], feeds: dict[str, Any]) -> None:
+        """Point each input at its buffer, or copy it into its fallback block when it misfits."""
         for name, arr in arrays.items():
             if name in feeds:
                 self._check(name, arr)
             why = self._misfit(name, arr)
             if why is None:
-                self._point(name, arr)
+                self._executor.point(name, arr)
             else:
                 buf = self._fallback(name)
                 np.copyto(buf, arr)
                 self.stats.count(f"input {name}: {why}", arr.nbytes)
-                self._point(name, buf)
-        results: dict[str, np.ndarray] = {}
+                self._executor.point(name, buf)
+
+    def _place_outputs(self) -> tuple[dict[str, Any], list[tuple[str, np.ndarray]]]:
+        """Point each output at the bound buffer, a fresh array or its fallback block; returns the
+        results so far and the bound outputs to copy back after the run."""
+        program = self._prep.program
+        results: dict[str, Any] = {}
         late: list[tuple[str, np.ndarray]] = []
         for spec in self.model.outputs:
             name = spec.name
             bound = self._bound.get(name)
+            results[name] = bound
             if name in program.copy_only or program.places[name].region == DYNAMIC:
-                results[name] = bound
                 continue
             if bound is None:
-                out = np.empty(program.shapes[name], spec.dtype)
-                self._point(name, out)
-                results[name] = out
+                results[name] = np.empty(program.shapes[name], spec.dtype)
+                self._executor.point(name, results[name])
             elif self._misfit(name, bound) is None:
-                self._point(name, bound)
-                results[name] = bound
+                self._executor.point(name, bound)
             else:
-                self._point(name, self._fallback(name))
+                self._executor.point(name, self._fallback(name))
                 late.append((name, bound))
-                results[name] = bound
-        dyn = self._execute(prep, values)
+        return results, late
+
+    def _finish_outputs(self, results: dict[str, Any], late: list[tuple[str, np.ndarray]],
+                        found: dict[str, Any]) -> None:
+        """Copy what could not be written in place into the results, counting every copy."""
+        program = self._prep.program
         for name, bound in late:
-            np.copyto(bound, self._target[name])
+            np.copyto(bound, self._executor.targets[name])
             self.stats.count(f"output {name}: {self._misfit(name, bound)}", bound.nbytes)
         for name, reason in program.copy_only.items():
-            src = dyn[name] if name in dyn else self._value(name)
+            src = found[name] if name in found else self._executor.value(name)
             if results[name] is None:
                 results[name], nbytes = _owned(src)
             else:
                 np.copyto(results[name], src)
                 nbytes = src.nbytes
             self.stats.count(f"output {name}: {reason}", nbytes)
-        for name, arr in dyn.items():
+        for name, arr in found.items():
             if name in results and results[name] is None:
                 results[name] = arr
-        self.stats.runs += 1
-        return results
-
-    def profile(self, feeds: Mapping[str, Any] | None = None, repeat: int = 10) -> dict[str, float]:
-        """Run `repeat` times timing every kernel; mean seconds per run by op type, slowest first."""
-        totals: Counter = Counter()
-        plain = self._args
-        graph = self._prep.graph if self._prep else None
-        self._args = [(_Timed(k, graph.nodes[t.node].op_type, totals) if k is not None else None,
-                       ins, outs, ws, t) for k, ins, outs, ws, t in plain] if graph else plain
-        try:
-            for _ in range(repeat):
-                self.run(feeds)
-        finally:
-            self._args = plain
-        return {op: sec / repeat for op, sec in totals.most_common()}
-
-    def _detach(self, value: Any) -> Any:
-        """`value` with every array that lies in the arena copied out: a late value may outlive
-        the arena block of the input it came from (an If returning a captured tensor, a sequence
-        holding one)."""
-        if isinstance(value, list):
-            return [self._detach(v) for v in value]
-        if isinstance(value, np.ndarray) and value.nbytes and self._arena.nbytes:
-            lo, hi = _span(self._arena)
-            start = value.ctypes.data
-            if lo <= start < hi:
-                return value.copy()
-        return value
-
-    def _execute(self, prep: Prepared, values: Mapping[str, Any]) -> dict[str, Any]:
-        """The task loop; tasks downstream of data-dependent shapes are prepared as they run.
-
-        `values` are the sequence and optional inputs; like every value of the dynamic region
-        they are looked up by name rather than planned.
-        """
-        dyn: dict[str, Any] = dict(values)
-        for kernel, ins, outs, ws, task in self._args:
-            if kernel is not None:
-                try:
-                    kernel.run(ins, outs, ws)
-                except OmrtError:
-                    raise
-                except Exception as e:
-                    node = prep.graph.nodes[task.node]
-                    raise KernelError(f"kernel {node.op_type} failed at node {node.label!r}: "
-                                      f"{type(e).__name__}: {e}") from e
-                continue
-            graph = prep.graph
-            node = graph.nodes[task.node]
-            vals = [dyn.get(v, a) if v else None for v, a in zip(task.inputs, ins)]
-            infos = [info_of(a, graph.infos.get(v)) if v else None for v, a in zip(task.inputs, vals)]
-            cls = lookup(node.op_type, graph.opset(node.domain), node.domain, node.label)
-            ctx = context(node, graph, self.model.native)
-            results = execute(cls, ctx, vals, infos, infer_outputs(cls, ctx, infos))
-            for v, r in zip(task.outputs, results):
-                if v:
-                    dyn[v] = self._detach(r)
-        return dyn
-
-
-class _Timed:
-    """Wraps a kernel so each run adds its wall time to `totals[key]` (used by Session.profile)."""
-
-    def __init__(self, kernel: Any, key: str, totals: Counter) -> None:
-        self.kernel, self.key, self.totals = kernel, key, totals
-
-    def run(self, inputs: Any, outputs: Any, workspace: Any) -> Any:
-        t0 = time.perf_counter()
-        try:
-            return self.kernel.run(inputs, outputs, workspace)
-        finally:
-            self.totals[self.key] += time.perf_counter() - t0

@@ -7,7 +7,7 @@
  * thread costs tens of microseconds), then sleep on a condition variable. One job runs at a time:
  * a call that finds the pool busy (another thread's run, or a call from inside an item) runs its
  * items itself. A forked child starts with no workers and makes new ones on first use. The
- * library is never unloaded (see omrt.kernelstore), so the workers live as long as the process.
+ * library is never unloaded (see omrt.native.loader), so the workers live as long as the process.
  */
 #define _POSIX_C_SOURCE 200809L
 #include "omrt_native.h"

@@ -17,10 +17,10 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .errors import KernelError, OmrtError, ShapeError
-from .ir import CAPTURES, OPTIONAL, SEQUENCE, Graph, Node, TensorInfo, subgraphs
-from .kernels import OpContext, lookup
-from .kernels.base import Kernel, fresh_dim
+from ..errors import KernelError, OmrtError, ShapeError
+from ..ir import CAPTURES, OPTIONAL, SEQUENCE, Graph, Node, TensorInfo, subgraphs
+from ..kernels import OpContext, lookup
+from ..kernels.base import Kernel, fresh_dim
 
 
 @dataclass

@@ -1,4 +1,8 @@
-"""Build the native kernels a model uses into one shared library, for the KERNELS partition."""
+"""Build omrt's C units into one shared library record, for a model's KERNELS partition.
+
+Needs a C compiler (`$CC`, else cc, gcc or clang), not onnx: the compiler hands over the units
+its graph's kernels declare (`Kernel.native_units`).
+"""
 
 from __future__ import annotations
 
@@ -12,42 +16,13 @@ import tempfile
 import warnings
 from typing import Callable
 
-from ..ir import Graph
-from ..kernels import lookup, winograd
+from ..format.kernelstore import NATIVE, Packed
 from ..kernels.native import CORE, SOURCES
-from ..kernelstore import NATIVE, Packed, host_target
+from .loader import host_target
 
 FLAGS = ["-O3", "-std=c11", "-shared", "-fPIC", "-pthread", "-fno-math-errno", "-fno-plt", "-Wall"]
 """The hot loops carry their own per-ISA clones (see csrc/omrt_native.h), so no -march: the
 library runs on any host of the compiling host's architecture."""
-
-
-def use_winograd(graph: Graph) -> Graph:
-    """Rewrite the Convs that Winograd speeds up as omrt::WinogradConv, adding their transformed
-    filters as weights (they keep their own: see omrt.kernels.winograd). Only worth it when the
-    native library is packed, since the transforms are C loops."""
-    for node in graph.nodes:
-        if node.op_type != "Conv" or node.domain or len(node.inputs) < 2:
-            continue
-        w = graph.constants.get(node.inputs[1])
-        if w is None or not winograd.eligible(node.attrs, graph.infos[node.inputs[0]], w):
-            continue
-        transformed = f"{node.inputs[1]}__winograd"
-        if transformed not in graph.constants:
-            graph.add_constant(transformed, winograd.filter_transform(w))
-        bias = node.inputs[2] if len(node.inputs) > 2 else ""
-        node.op_type, node.domain = "WinogradConv", "omrt"
-        node.inputs = [node.inputs[0], node.inputs[1], bias, transformed]
-        graph.opsets.setdefault("omrt", 1)
-    return graph
-
-
-def units_of(graph: Graph) -> list[str]:
-    """The C units the kernels of `graph`'s nodes can use, sorted."""
-    units: set[str] = set()
-    for node in graph.nodes:
-        units.update(lookup(node.op_type, graph.opset(node.domain), node.domain, node.label).native_units)
-    return sorted(units)
 
 
 def compiler() -> str | None:
@@ -119,11 +94,3 @@ def _compile(cc: str, units: list[str], say: Callable[[str], None]) -> Packed | 
     return Packed(NATIVE, "omrt-native", "omrt",
                   {**host_target(), "units": units, "compiler": _compiler_version(cc),
                    "python": platform.python_version()}, data)
-
-
-def native_library(graph: Graph, say: Callable[[str], None]) -> Packed | None:
-    """The native library record for `graph`, after the rewrites that pay only with it (when a C
-    compiler is there to build it)."""
-    if compiler() is not None:
-        use_winograd(graph)
-    return build(units_of(graph), say)

@@ -1,96 +1,23 @@
-"""The KERNELS partition: packed kernels, their target, the host check, and loading from memory.
+"""Packed native libraries at load: the host check, and loading from memory.
 
-A record is a native shared library (kind 1) that `omrt compile` built from omrt's C units. At
-load a record is used only when the caller trusts the file (`trust_kernels=True`) and the host
-matches its target (ELF class and machine, OS, kernel ABI, C library); it is then loaded from an
-anonymous in-memory file, never written to disk, once per process for the same bytes, and handed
-to that model's kernels only.
+A record is used only when the caller trusts the file (`trust_kernels=True`) and the host matches
+its target (ELF class and machine, OS, kernel ABI, C library); it is then loaded from an anonymous
+in-memory file, never written to disk, once per process for the same bytes, and handed to that
+model's kernels only.
 """
 
 from __future__ import annotations
 
 import ctypes
 import hashlib
-import json
 import os
 import platform
 import struct
 import sys
 import threading
-from dataclasses import dataclass
 
-from .errors import FormatError
-from .kernels.native import KERNEL_ABI, Library
-
-RECORD = struct.Struct("<IHHHHIQ")
-RECORD_MAGIC = 0x4B4D524F
-NATIVE = 1
-"""Record kind of a native shared library (2 Python source and 3 generated fused kernels are
-reserved, not written yet)."""
-
-
-@dataclass
-class Packed:
-    """One record of the store, and what became of it at load."""
-
-    kind: int
-    name: str
-    vendor: str
-    target: dict
-    data: bytes
-    status: str = "not loaded"
-
-    @property
-    def units(self) -> list[str]:
-        return list(self.target.get("units", []))
-
-
-def kinds_flag(records: list[Packed]) -> int:
-    """Header flag bits 0-15: bit k-1 set when a record of kind k is present."""
-    flag = 0
-    for r in records:
-        flag |= 1 << (r.kind - 1)
-    return flag
-
-
-def pack(records: list[Packed]) -> bytes:
-    """The partition's bytes: a count, then each record's header, strings and binary."""
-    out = [struct.pack("<I", len(records))]
-    for r in records:
-        name, vendor = r.name.encode(), r.vendor.encode()
-        target = json.dumps(r.target, sort_keys=True).encode()
-        out.append(RECORD.pack(RECORD_MAGIC, r.kind, 0, len(name), len(vendor), len(target), len(r.data)))
-        out += [name, vendor, target, r.data]
-    return b"".join(out)
-
-
-def unpack(data: memoryview, where: str) -> list[Packed]:
-    """The records of a KERNELS partition, every length checked against the partition's size."""
-    def fail(why: str) -> FormatError:
-        return FormatError(f"{where}: the KERNELS partition is damaged ({why}); recompile the model")
-
-    if len(data) < 4:
-        raise fail("no record count")
-    (count,), pos, records = struct.unpack_from("<I", data, 0), 4, []
-    for i in range(count):
-        if pos + RECORD.size > len(data):
-            raise fail(f"record {i} is cut short")
-        magic, kind, _, n_name, n_vendor, n_target, n_bin = RECORD.unpack_from(data, pos)
-        pos += RECORD.size
-        if magic != RECORD_MAGIC:
-            raise fail(f"record {i} has a bad magic")
-        end = pos + n_name + n_vendor + n_target + n_bin
-        if end > len(data):
-            raise fail(f"record {i} runs past the partition's end")
-        name = bytes(data[pos:pos + n_name]).decode()
-        vendor = bytes(data[pos + n_name:pos + n_name + n_vendor]).decode()
-        try:
-            target = json.loads(bytes(data[pos + n_name + n_vendor:end - n_bin]))
-        except ValueError:
-            raise fail(f"record {i}'s target is not JSON") from None
-        records.append(Packed(kind, name, vendor, target, bytes(data[end - n_bin:end])))
-        pos = end
-    return records
+from ..format.kernelstore import NATIVE, Packed
+from ..kernels.native import KERNEL_ABI, Library
 
 
 def elf_identity(data: bytes) -> tuple[int, int, int] | None:

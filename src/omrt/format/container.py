@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from enum import IntEnum
 from typing import BinaryIO, Callable, Iterable
 
-from .errors import FormatError
+from ..errors import FormatError
 
 MAGIC = b"OMRT\x00\r\n\x1a"
 VERSION = (1, 2)

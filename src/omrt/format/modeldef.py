@@ -11,10 +11,11 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from .errors import FormatError
-from .ir import TENSOR, Graph, Node, TensorInfo, dtype_from_name, dtype_name, subgraphs
-from .lower import Placement, Program, Task
-from .planner import Block, align
+from ..errors import FormatError
+from ..ir import TENSOR, Graph, Node, TensorInfo, dtype_from_name, dtype_name, subgraphs
+from ..memory import align
+from ..plan.arena import Block
+from ..plan.program import Placement, Program, Task
 
 
 WeightKey = str | tuple
@@ -96,8 +97,8 @@ def encode_program(p: Program) -> dict:
     return {
         "signature": {k: list(v) for k, v in p.signature.items()},
         "shapes": {k: None if v is None else list(v) for k, v in p.shapes.items()},
-        "tasks": [[t.node, t.inputs, t.outputs, t.ws_offset, t.ws_size] for t in p.tasks],
-        "places": {k: [pl.region, pl.offset, pl.key] for k, pl in p.places.items()},
+        "tasks": [[t.node, t.inputs, t.outputs, t.workspace_offset, t.workspace_size] for t in p.tasks],
+        "places": {k: [place.region, place.offset, place.key] for k, place in p.places.items()},
         "blocks": [[b.label, b.size, b.first, b.last, b.offset] for b in p.blocks],
         "arena_size": p.arena_size, "lower_bound": p.lower_bound, "naive_size": p.naive_size,
         "io_size": p.io_size, "io_offsets": p.io_offsets, "copy_only": p.copy_only,
@@ -108,7 +109,7 @@ def decode_program(d: dict) -> Program:
     return Program(
         signature={k: tuple(v) for k, v in d["signature"].items()},
         shapes={k: _shape(v) for k, v in d["shapes"].items()},
-        tasks=[Task(int(n), list(i), list(o), int(wo), int(ws)) for n, i, o, wo, ws in d["tasks"]],
+        tasks=[Task(int(n), list(i), list(o), int(offset), int(size)) for n, i, o, offset, size in d["tasks"]],
         places={k: Placement(r, int(o), str(key)) for k, (r, o, key) in d["places"].items()},
         blocks=[Block(str(l), int(s), int(f), int(la), int(o)) for l, s, f, la, o in d["blocks"]],
         arena_size=int(d["arena_size"]), lower_bound=int(d["lower_bound"]),

@@ -1,6 +1,7 @@
-"""Feature-map memory planning: offsets for buffers with known lifetimes, and the figures that judge it.
+"""Arena placement: offsets for buffers with known lifetimes, and the figures that judge a plan.
 
-The algorithm is greedy by size with best-fit gaps (as TFLite Micro's greedy planner and
+Placement algorithms are registered by name in ALGORITHMS; `place` runs one. The default,
+"greedy", is greedy by size with best-fit gaps (as TFLite Micro's greedy planner and
 Pisarchyk & Lee 2020, "Efficient Memory Management for Deep Neural Net Inference"):
 
 1. Sort buffers by size, largest first (ties: earliest first use, then id, so plans are stable).
@@ -11,21 +12,20 @@ Pisarchyk & Lee 2020, "Efficient Memory Management for Deep Neural Net Inference
    buffer (best fit), or else the first offset past all of them.
 4. The arena is the highest end of any buffer.
 
+"naive" gives every buffer bytes of its own (no sharing): the reference the others are judged
+against, and a plan to fall back to when debugging one.
+
 Lifetimes are closed intervals of task indices: a buffer is live from the task that writes it to
-the last task that reads it (or any of its aliases). Every offset and size is a multiple of ALIGN.
+the last task that reads it (or any of its aliases). Every offset and size is a multiple of
+`omrt.memory.ALIGN`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Callable, Iterable
 
-ALIGN = 64
-
-
-def align(n: int, a: int = ALIGN) -> int:
-    """Round `n` up to a multiple of `a`."""
-    return (n + a - 1) // a * a
+from ..memory import align
 
 
 @dataclass
@@ -51,7 +51,8 @@ ORDERS = {
     "lifetime": lambda b: (-(b.last - b.first), -b.size),
     "first use": lambda b: (b.first, -b.size),
 }
-"""Orders tried by `place`; "size" is the classic greedy-by-size, the others break its bad cases."""
+"""Orders tried by the greedy algorithm; "size" is the classic greedy-by-size, the others break
+its bad cases."""
 
 
 def place_in_order(blocks: list[Block], order: list[int]) -> list[int]:
@@ -72,10 +73,8 @@ def place_in_order(blocks: list[Block], order: list[int]) -> list[int]:
     return offsets
 
 
-def place(blocks: list[Block]) -> int:
-    """Assign every block an offset, keeping the smallest arena over ORDERS; returns its size."""
-    for b in blocks:
-        b.size = align(b.size)
+def greedy(blocks: list[Block]) -> list[int]:
+    """Best-fit offsets in each of ORDERS; the offsets of the smallest arena."""
     best: tuple[int, list[int]] | None = None
     for key in ORDERS.values():
         order = sorted(range(len(blocks)), key=lambda i: (*key(blocks[i]), i))
@@ -83,9 +82,31 @@ def place(blocks: list[Block]) -> int:
         arena = max((o + b.size for o, b in zip(offsets, blocks)), default=0)
         if best is None or arena < best[0]:
             best = (arena, offsets)
-    for b, off in zip(blocks, best[1]):
-        b.offset = off
-    return best[0]
+    return best[1] if best else []
+
+
+def naive(blocks: list[Block]) -> list[int]:
+    """Every block after the one before: no two share a byte."""
+    offsets, cursor = [], 0
+    for b in blocks:
+        offsets.append(cursor)
+        cursor += b.size
+    return offsets
+
+
+ALGORITHMS: dict[str, Callable[[list[Block]], list[int]]] = {"greedy": greedy, "naive": naive}
+"""Placement algorithms by name: each takes blocks with aligned sizes and returns their offsets."""
+
+
+def place(blocks: list[Block], algorithm: str = "greedy") -> int:
+    """Align every block's size, give it an offset by `algorithm`; returns the arena size."""
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"unknown placement algorithm {algorithm!r}; choose one of {sorted(ALGORITHMS)}")
+    for b in blocks:
+        b.size = align(b.size)
+    for b, offset in zip(blocks, ALGORITHMS[algorithm](blocks)):
+        b.offset = offset
+    return max((b.offset + b.size for b in blocks), default=0)
 
 
 def lower_bound(blocks: Iterable[Block]) -> int:

@@ -1,0 +1,60 @@
+"""The plan verifier: proves a Program's memory plan before anything runs on it.
+
+Checked: every arena block is aligned, inside the arena and written before it dies; no two blocks
+live at the same task share a byte; no task writes into model-input memory or weights; every
+I/O value sits in its tensor's fallback block; every arena value fits the block it is placed in.
+"""
+
+from __future__ import annotations
+
+from ..errors import OmrtError
+from ..ir import Graph
+from ..memory import ALIGN
+from .arena import overlaps
+from .program import ARENA, INPUT, OUTPUT, WEIGHT, Program
+
+
+class PlanError(OmrtError):
+    """A memory plan breaks one of the planner's invariants (a bug in omrt, never the user's)."""
+
+
+def verify(program: Program, graph: Graph) -> None:
+    """Raise PlanError naming the first broken invariant of `program` (a plan of `graph`)."""
+    _check_blocks(program)
+    _check_writes(program, graph)
+    _check_places(program, graph)
+
+
+def _check_blocks(program: Program) -> None:
+    for b in program.blocks:
+        if b.offset % ALIGN or b.size % ALIGN:
+            raise PlanError(f"block {b.label!r} at {b.offset} (+{b.size}) is not {ALIGN}-byte aligned")
+        if b.offset < 0 or b.offset + b.size > program.arena_size:
+            raise PlanError(f"block {b.label!r} [{b.offset}, {b.offset + b.size}) lies outside the "
+                            f"arena of {program.arena_size} bytes")
+        if b.first > b.last:
+            raise PlanError(f"block {b.label!r} dies (task {b.last}) before it is written ({b.first})")
+    bad = overlaps(program.blocks)
+    if bad:
+        a, b = bad[0]
+        raise PlanError(f"blocks {a.label!r} and {b.label!r} are live at once and share bytes")
+
+
+def _check_writes(program: Program, graph: Graph) -> None:
+    for t in program.tasks:
+        for v in t.outputs:
+            if v and v in program.places and program.places[v].region in (INPUT, WEIGHT):
+                raise PlanError(f"task {graph.nodes[t.node].label!r} writes {v!r} into "
+                                f"{program.places[v].region} memory")
+
+
+def _check_places(program: Program, graph: Graph) -> None:
+    blocks = {b.label: b for b in program.blocks}
+    for v, p in program.places.items():
+        if p.region in (INPUT, OUTPUT) and p.offset != program.io_offsets[p.key]:
+            raise PlanError(f"{v!r} is placed in the I/O block of {p.key!r} at a wrong offset")
+        if p.region == ARENA:
+            info = graph.infos[v]
+            blk = blocks.get(p.key)
+            if blk is None or info.nbytes > blk.size or p.offset != blk.offset:
+                raise PlanError(f"{v!r} ({info.nbytes} bytes) does not fit its block {p.key!r}")
