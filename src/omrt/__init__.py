@@ -13,11 +13,10 @@ from .errors import (BindError, CompileError, FormatError, InputError, KernelErr
                      ShapeError, UnsupportedOpError)
 from .kernels.parallel import get_num_threads, set_num_threads
 from .runtime import IOSpec, Model, Session, Stats, load
+from .version import __version__
 
 if TYPE_CHECKING:
     from .compiler import CompileResult
-
-__version__ = "0.1.0"
 
 
 def compile(model: Any, output: str | os.PathLike, shapes: Mapping[str, Sequence[int]] | None = None,

@@ -12,7 +12,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 import onnx
 
-from .. import __version__
+from ..version import __version__
 from ..format import Part, write
 from ..format.kernelstore import Packed, kinds_flag, pack
 from ..format.modeldef import encode, weight_layout, weights

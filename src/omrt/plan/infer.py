@@ -229,48 +229,19 @@ def propagate(graph: Graph, fold: bool = True, fold_limit: int = 1 << 31) -> Gra
     queue = deque(graph.nodes)
     while queue:
         node = queue.popleft()
-        cls = lookup(node.op_type, graph.opset(node.domain), node.domain, node.label)
-        ctx = context(node, graph)
-        ins: list[TensorInfo | None] = []
-        for v in node.inputs:
-            if not v:
-                ins.append(None)
-            elif v not in infos:
-                raise ShapeError(f"node {node.label!r} reads {v!r}, which no earlier node or graph "
-                                 f"input defines; the graph must be topologically sorted")
-            else:
-                ins.append(infos[v])
+        ins = _input_infos(node, infos)
         if (fold and node.op_type == "If" and not node.domain and ins[0] is not None
                 and ins[0].value is not None and ins[0].value.size == 1):
             queue.extendleft(reversed(_inline_branch(graph, node, bool(ins[0].value.reshape(-1)[0]), queue)))
             continue
-        try:
-            outs = infer_outputs(cls, ctx, ins)
-        except Exception as e:
-            if any(i is not None and i.shape is None for i in ins):
-                dtype = next(i.dtype for i in ins if i is not None)
-                outs = [TensorInfo(dtype, None)] * len(node.outputs)
-            elif isinstance(e, OmrtError):
-                raise
-            else:  # a kernel's shape rule tripped on input it does not accept
-                got = [(i.dtype.name, i.shape) if i else None for i in ins]
-                raise ShapeError(f"node {node.label!r} ({node.op_type}): shape inference failed for "
-                                 f"inputs {got}: {e}") from e
+        cls = lookup(node.op_type, graph.opset(node.domain), node.domain, node.label)
+        ctx = context(node, graph)
+        outs = _infer_node(node, cls, ctx, ins)
         inferred = {k: s.inferred for k, s in ctx.subgraphs.items() if s.inferred is not None}
         if inferred:
             node = Node(node.op_type, list(node.inputs), list(node.outputs), {**node.attrs, **inferred},
                         node.domain, node.name)
-        known = all(i is None or i.value is not None for i in ins)
-        foldable = (fold and known and cls.deterministic and not ctx.subgraphs
-                    and all(o.is_tensor for o in outs))
-        if foldable and all(o.static for o in outs) and sum(o.nbytes for o in outs) > fold_limit:
-            foldable = False
-        if foldable or all(o.value is not None and o.is_tensor for o in outs):
-            values = ([o.value for o in outs] if not foldable
-                      else execute(cls, ctx, [None if i is None else i.value for i in ins], ins, outs))
-            for name, val in zip(node.outputs, values):
-                if name:
-                    graph.add_constant(name, val)
+        if _fold_node(graph, node, cls, ctx, ins, outs, fold, fold_limit):
             continue
         for name, info in zip(node.outputs, outs):
             if name and (info.shape is not None or name not in infos):
@@ -278,3 +249,53 @@ def propagate(graph: Graph, fold: bool = True, fold_limit: int = 1 << 31) -> Gra
         kept.append(node)
     graph.nodes = kept
     return graph
+
+
+def _input_infos(node: Node, infos: dict[str, TensorInfo]) -> list[TensorInfo | None]:
+    """The infos of a node's inputs (None for absent optional ones)."""
+    ins: list[TensorInfo | None] = []
+    for v in node.inputs:
+        if not v:
+            ins.append(None)
+        elif v not in infos:
+            raise ShapeError(f"node {node.label!r} reads {v!r}, which no earlier node or graph "
+                             f"input defines; the graph must be topologically sorted")
+        else:
+            ins.append(infos[v])
+    return ins
+
+
+def _infer_node(node: Node, cls: type[Kernel], ctx: OpContext,
+                ins: list[TensorInfo | None]) -> list[TensorInfo]:
+    """The node's output infos; unknown (shape None) when an input's rank is unknown and the
+    kernel's rule cannot do without it."""
+    try:
+        return infer_outputs(cls, ctx, ins)
+    except Exception as e:
+        if any(i is not None and i.shape is None for i in ins):
+            dtype = next(i.dtype for i in ins if i is not None)
+            return [TensorInfo(dtype, None)] * len(node.outputs)
+        if isinstance(e, OmrtError):
+            raise
+        # a kernel's shape rule tripped on input it does not accept
+        got = [(i.dtype.name, i.shape) if i else None for i in ins]
+        raise ShapeError(f"node {node.label!r} ({node.op_type}): shape inference failed for "
+                         f"inputs {got}: {e}") from e
+
+
+def _fold_node(graph: Graph, node: Node, cls: type[Kernel], ctx: OpContext, ins: list[TensorInfo | None],
+               outs: list[TensorInfo], fold: bool, fold_limit: int) -> bool:
+    """Make the node's outputs constants when they are known (True), else leave it (False)."""
+    known = all(i is None or i.value is not None for i in ins)
+    foldable = (fold and known and cls.deterministic and not ctx.subgraphs
+                and all(o.is_tensor for o in outs))
+    if foldable and all(o.static for o in outs) and sum(o.nbytes for o in outs) > fold_limit:
+        foldable = False
+    if not foldable and not all(o.value is not None and o.is_tensor for o in outs):
+        return False
+    values = ([o.value for o in outs] if not foldable
+              else execute(cls, ctx, [None if i is None else i.value for i in ins], ins, outs))
+    for name, val in zip(node.outputs, values):
+        if name:
+            graph.add_constant(name, val)
+    return True
