@@ -113,6 +113,11 @@ def test_verifier_catches_broken_plans(tmp_path):
     b.offset = 8
     with pytest.raises(PlanError, match=r"is not 64-byte aligned"):
         verify(p, g)
+    b.offset = a.offset + a.size  # mend it; now push the last value past the end of its output block
+    verify(p, g)
+    p.places["y"].offset += 4
+    with pytest.raises(PlanError, match=r"'y' \(24 bytes at 4\) lies outside the I/O block of 'y' \(24 bytes\)"):
+        verify(p, g)
 
 
 def test_string_tensors_between_nodes_live_outside_the_arena(tmp_path):

@@ -2,7 +2,8 @@
 
 Checked: every arena block is aligned, inside the arena and written before it dies; no two blocks
 live at the same task share a byte; no task writes into model-input memory or weights; every
-I/O value sits in its tensor's fallback block; every arena value fits the block it is placed in.
+value placed in a graph input or output lies inside that tensor; every arena value fits the
+block it is placed in.
 """
 
 from __future__ import annotations
@@ -51,10 +52,18 @@ def _check_writes(program: Program, graph: Graph) -> None:
 def _check_places(program: Program, graph: Graph) -> None:
     blocks = {b.label: b for b in program.blocks}
     for v, p in program.places.items():
-        if p.region in (INPUT, OUTPUT) and p.offset != program.io_offsets[p.key]:
-            raise PlanError(f"{v!r} is placed in the I/O block of {p.key!r} at a wrong offset")
+        if p.region in (INPUT, OUTPUT):
+            _check_io_part(program, graph, v, p.key, p.offset - program.io_offsets[p.key])
         if p.region == ARENA:
             info = graph.infos[v]
             blk = blocks.get(p.key)
             if blk is None or info.nbytes > blk.size or p.offset != blk.offset:
                 raise PlanError(f"{v!r} ({info.nbytes} bytes) does not fit its block {p.key!r}")
+
+
+def _check_io_part(program: Program, graph: Graph, value: str, tensor: str, start: int) -> None:
+    """A value placed inside graph input or output `tensor` lies within it, on an element boundary."""
+    whole, info = graph.infos[tensor], graph.infos[value]
+    if start < 0 or start % whole.dtype.itemsize or start + info.nbytes > whole.nbytes:
+        raise PlanError(f"{value!r} ({info.nbytes} bytes at {start}) lies outside the I/O block of "
+                        f"{tensor!r} ({whole.nbytes} bytes)")

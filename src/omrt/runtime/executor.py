@@ -16,6 +16,7 @@ only those slots.
 
 from __future__ import annotations
 
+import math
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -31,8 +32,16 @@ from ..plan import ARENA, INPUT, OUTPUT, WEIGHT, Task
 from ..plan.infer import context, execute, infer_outputs, info_of
 from .prepare import Prepared
 
-Slot = tuple[list, int, tuple]
-"""An argument slot: (argument list, position in it, the shape the value has there)."""
+Slot = tuple[list, int, int, tuple]
+"""An argument slot: (argument list, position in it, and where the value lies in its I/O tensor:
+the element it starts at and its shape)."""
+
+
+def part(buffer: np.ndarray, start: int, shape: tuple) -> np.ndarray:
+    """The value of `shape` that starts at element `start` of a C-contiguous I/O buffer: a view
+    (a graph output a kernel writes in parts, an input read through a view of it)."""
+    flat = buffer.reshape(-1)
+    return flat[start:start + math.prod(shape)].reshape(shape)
 
 
 @dataclass
@@ -107,13 +116,22 @@ class Executor:
 
     def _arguments(self, names: list[str]) -> list[np.ndarray | None]:
         """The planned arrays for `names`, recording the slots of graph inputs and outputs."""
-        program = self.prep.program
         args = [self.arrays.get(v) if v else None for v in names]
         for pos, v in enumerate(names):
-            place = program.places.get(v) if v else None
-            if place is not None and place.region in (INPUT, OUTPUT):
-                self.slots.setdefault(place.key, []).append((args, pos, tuple(program.shapes[v])))
+            where = self._io_part(v) if v else None
+            if where is not None:
+                key, start, shape = where
+                self.slots.setdefault(key, []).append((args, pos, start, shape))
         return args
+
+    def _io_part(self, value: str) -> tuple[str, int, tuple] | None:
+        """(I/O tensor, first element, shape) of a value planned inside a graph input or output."""
+        program = self.prep.program
+        place = program.places.get(value)
+        if place is None or place.region not in (INPUT, OUTPUT):
+            return None
+        start = (place.offset - program.io_offsets[place.key]) // self.prep.graph.infos[place.key].dtype.itemsize
+        return place.key, start, tuple(program.shapes[value])
 
     def _instruction(self, t: int, task: Task) -> Instruction:
         prep = self.prep
@@ -133,8 +151,8 @@ class Executor:
         """Address refresh: re-point every argument slot that refers to graph I/O tensor `name`."""
         if self.targets.get(name) is buffer:
             return
-        for args, pos, shape in self.slots.get(name, ()):
-            args[pos] = buffer.reshape(shape)
+        for args, pos, start, shape in self.slots.get(name, ()):
+            args[pos] = part(buffer, start, shape)
         self.targets[name] = buffer
 
     def forget(self, name: str) -> None:
@@ -143,10 +161,10 @@ class Executor:
 
     def value(self, name: str) -> np.ndarray:
         """The array holding planned value `name` now (arena, weights, or an I/O tensor's buffer)."""
-        program = self.prep.program
-        place = program.places[name]
-        if place.region in (INPUT, OUTPUT):
-            return self.targets[place.key].reshape(program.shapes[name])
+        where = self._io_part(name)
+        if where is not None:
+            key, start, shape = where
+            return part(self.targets[key], start, shape)
         return self.arrays[name]
 
     def detach(self, value: Any) -> Any:

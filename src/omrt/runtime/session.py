@@ -95,8 +95,10 @@ class Session:
         self.model = model
         self.zero_copy = zero_copy
         self.stats = Stats()
-        self._specs: dict[str, IOSpec] = {s.name: s for s in model.inputs + model.outputs}
-        self._is_output = {s.name: True for s in model.outputs}
+        self._specs: dict[str, IOSpec] = {s.name: s for s in model.outputs + model.inputs}
+        self._outputs = {s.name for s in model.outputs} - {s.name for s in model.inputs}
+        """Outputs that are not also inputs (a graph may return an input: binding that name binds
+        the input, and the output is a copy of it)."""
         self._bound: dict[str, np.ndarray] = {}
         self._held: dict[str, Any] = {}
         self._arena = np.empty(0, np.uint8)
@@ -142,7 +144,7 @@ class Session:
             return "it is not C-contiguous"
         if not arr.flags.aligned:
             return f"it is not aligned to {arr.dtype.alignment} bytes"
-        if self._is_output.get(name):
+        if name in self._outputs:
             lo, hi = _span(arr)
             for other, b in self._bound.items():
                 if other != name and b.nbytes and arr.nbytes:
@@ -157,18 +159,23 @@ class Session:
         if arr.dtype != spec.dtype:
             raise InputError(f"tensor {name!r} has dtype {arr.dtype}, the model needs {spec.dtype}; "
                              f"convert it with .astype(np.{spec.dtype.name})")
-        if self._prep is not None and self._is_output.get(name):
+        if self._prep is not None and name in self._outputs:
             want = self._prep.program.shapes.get(name, arr.shape)
             if want is not None and tuple(arr.shape) != tuple(want):
                 raise BindError(f"output {name!r}: the bound buffer has shape {arr.shape}, the result has "
                                 f"shape {want}; bind an array of exactly that shape")
         if self.zero_copy == "always":
             why = self._misfit(name, arr)
-            if why is None and self._prep is not None and name in self._prep.program.copy_only:
-                why = f"the output must be copied: {self._prep.program.copy_only[name]}"
+            if why is None and name in self._outputs:
+                why = self._copy_only(name)
             if why:
                 raise BindError(f"tensor {name!r} cannot be used without a copy: {why} "
                                 f"(zero_copy='always'); pass a suitable buffer or use zero_copy='auto'")
+
+    def _copy_only(self, name: str) -> str | None:
+        """Why output `name` is copied every run whatever buffer it has (None when it is not)."""
+        reason = None if self._prep is None else self._prep.program.copy_only.get(name)
+        return None if reason is None else f"the output must be copied: {reason}"
 
     def bind(self, name: str, array: Any) -> None:
         """Make `array` the memory of input or output `name` for every following run.
@@ -181,13 +188,13 @@ class Session:
                              f"{sorted(self._specs)}")
         spec = self._specs[name]
         if spec.kind != "tensor":
-            if self._is_output.get(name):
+            if name in self._outputs:
                 raise BindError(f"output {name!r} is a {spec.kind}: run() returns it; only tensors can "
                                 f"be bound as outputs")
             self._held[name] = _as_value(array, spec)
             return
         arr = _as_array(array, name)
-        if self._is_output.get(name) and not arr.flags.writeable:
+        if name in self._outputs and not arr.flags.writeable:
             raise BindError(f"output {name!r}: the bound buffer is read-only; bind a writable array")
         self._check(name, arr)
         self._bound[name] = arr
@@ -234,7 +241,7 @@ class Session:
     def _gather_inputs(self, feeds: dict[str, Any]) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         """This run's tensor inputs (fed or bound) and its sequence and optional inputs."""
         for name in feeds:
-            if name not in self._specs or self._is_output.get(name):
+            if name not in self._specs or name in self._outputs:
                 raise InputError(f"{name!r} is not an input of the model; the inputs are "
                                  f"{[s.name for s in self.model.inputs]}")
         arrays: dict[str, np.ndarray] = {}
@@ -279,9 +286,13 @@ class Session:
         late: list[tuple[str, np.ndarray]] = []
         for spec in self.model.outputs:
             name = spec.name
-            bound = self._bound.get(name)
+            bound = self._bound.get(name) if name in self._outputs else None
             results[name] = bound
             if name in program.copy_only or program.places[name].region == DYNAMIC:
+                if self.zero_copy == "always":
+                    raise BindError(f"output {name!r} cannot be returned without a copy: "
+                                    f"{self._copy_only(name)} (zero_copy='always'); use zero_copy='auto' "
+                                    f"for this model")
                 continue
             if bound is None:
                 results[name] = np.empty(program.shapes[name], spec.dtype)
