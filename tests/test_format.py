@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import struct
 
@@ -62,6 +63,48 @@ def test_foreign_and_future_files_are_refused(tmp_path, om_bytes):
         omrt.load(_write(tmp_path, bytes(future)))
     with pytest.raises(omrt.FormatError, match=r"does not exist"):
         omrt.load(str(tmp_path / "missing.om"))
+
+
+def test_a_model_loads_from_its_bytes_in_place(om_bytes):
+    x = np.ones((4, 64), np.float32)
+    want = omrt.load(om_bytes).session().run({"x": x})["y"]
+    buffer = bytearray(om_bytes)
+    model = omrt.load(buffer)
+    np.testing.assert_array_equal(model.session().run({"x": x})["y"], want)
+    assert np.shares_memory(model.graph.constants["W1"], np.frombuffer(buffer, np.uint8))
+    assert omrt.load(memoryview(om_bytes)).file_size == len(om_bytes)
+    assert "bytearray" in repr(model)
+
+
+@pytest.mark.parametrize("source, why", [
+    (b"...", r"'<bytes of the model>' is 3 bytes, too short for an omrt model"),
+    ("a\0b.om", r"cannot open model file 'a\\x00b.om': embedded null byte"),
+    (3, r"a model is a path or the bytes of a .om file, not a int"),
+])
+def test_what_is_not_a_model_is_refused_clearly(source, why):
+    with pytest.raises(omrt.FormatError, match=why):
+        omrt.load(source)
+
+
+def _with_env(om_bytes: bytes, env: dict, path) -> str:
+    """The same model with another ENV partition (digests recomputed)."""
+    from omrt.format import OmFile, write
+
+    f = OmFile(om_bytes)
+    parts = [(kind, (lambda sink, k=kind: sink(bytes(f.view(k))))) for kind in Part if kind != Part.ENV]
+    write(path, parts + [(Part.ENV, lambda sink: sink(json.dumps(env).encode()))])
+    return str(path)
+
+
+def test_a_file_from_a_newer_omrt_is_refused(tmp_path, om_bytes):
+    env = json.loads(bytes(omrt.load(om_bytes)._file.view(Part.ENV)))
+    assert env["omrt"] == omrt.__version__
+    omrt.load(_with_env(om_bytes, {**env, "omrt": omrt.__version__ + ".post1"}, tmp_path / "same.om"))
+    with pytest.raises(omrt.FormatError, match=r"was compiled by omrt 99\.0\.0, newer than this omrt "
+                                               r"[0-9.]+: upgrade omrt"):
+        omrt.load(_with_env(om_bytes, {**env, "omrt": "99.0.0"}, tmp_path / "future.om"))
+    with pytest.raises(omrt.FormatError, match=r"the ENV partition does not name the omrt release"):
+        omrt.load(_with_env(om_bytes, {"python": "3.11"}, tmp_path / "anonymous.om"))
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

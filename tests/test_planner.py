@@ -71,6 +71,10 @@ def test_copy_only_outputs_carry_their_reason(tmp_path):
     with pytest.raises(omrt.BindError, match=r"tensor 'same' cannot be used without a copy: the output must "
                                              r"be copied: it is a view of graph input 'x'"):
         strict.bind("same", np.empty((2, 3), np.float32))
+    with pytest.raises(omrt.BindError, match=r"output 'same' cannot be returned without a copy: the output "
+                                             r"must be copied: it is a view of graph input 'x' \(zero_copy='always'\)"):
+        strict.run({"x": x})
+    assert strict.stats.runs == 0 and strict.stats.bytes_copied == 0
 
 
 def test_outputs_are_planned_into_the_callers_buffer_and_inputs_never_written(tmp_path):

@@ -51,6 +51,37 @@ def test_cli_errors_are_one_clear_line(tmp_path):
     assert res.returncode == 2 and "expected NAME=D1xD2x..." in res.stderr
 
 
+def test_cli_input_errors_are_one_clear_line(tmp_path):
+    import numpy as np
+    import omrt
+    from conftest import mlp_model
+
+    omrt.compile(mlp_model(), str(tmp_path / "mlp.om"))
+    res = _omrt("run", "mlp.om", "--input", "x=missing.npy", cwd=tmp_path)
+    assert res.returncode == 2
+    assert res.stderr.strip() == "omrt: error: --input x=missing.npy: no such file"
+    (tmp_path / "junk.npy").write_bytes(b"not numpy")
+    res = _omrt("run", "mlp.om", "--input", "x=junk.npy", cwd=tmp_path)
+    assert res.returncode == 2 and res.stderr.startswith("omrt: error: --input x=junk.npy: not a .npy array file")
+    assert len(res.stderr.strip().splitlines()) == 1
+    np.save(tmp_path / "x.npy", np.ones((4, 64), np.float32))
+    res = _omrt("run", "mlp.om", "--input", "x=x.npy", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+
+
+def test_cli_inspect_shows_whether_trusted_kernels_load(tmp_path):
+    from omrt.demo import light_model
+
+    assert _omrt("compile", light_model("squeezenet")[0], "sq.om", cwd=tmp_path).returncode == 0
+    plain = _omrt("inspect", "sq.om", cwd=tmp_path)
+    trusted = _omrt("inspect", "sq.om", "--trust-kernels", cwd=tmp_path)
+    assert trusted.returncode == 0, trusted.stderr
+    if "no C compiler" in plain.stderr:
+        return
+    assert "not loaded: not trusted" in plain.stdout
+    assert "): loaded" in trusted.stdout
+
+
 def test_demo_reports_a_match():
     res = subprocess.run([sys.executable, "-m", "omrt.cli", "demo", "--repeat", "2"], capture_output=True,
                          text=True)

@@ -38,6 +38,18 @@ def _input_arg(text: str) -> tuple[str, str]:
     return name, path
 
 
+def _load_array(name: str, path: str) -> np.ndarray:
+    """The array in FILE.npy given as input `name`, or an InputError saying why not."""
+    from .errors import InputError
+
+    try:
+        return np.load(path, allow_pickle=False)
+    except FileNotFoundError:
+        raise InputError(f"--input {name}={path}: no such file") from None
+    except (OSError, ValueError) as e:
+        raise InputError(f"--input {name}={path}: not a .npy array file ({e})") from None
+
+
 def cmd_compile(args: argparse.Namespace) -> int:
     import omrt
 
@@ -69,7 +81,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     feeds = {}
     for spec in model.inputs:
         if spec.name in given:
-            feeds[spec.name] = np.load(given.pop(spec.name))
+            feeds[spec.name] = _load_array(spec.name, given.pop(spec.name))
         elif all(isinstance(d, int) for d in spec.shape) and spec.dtype.kind == "f":
             feeds[spec.name] = backend_input(tuple(spec.shape)).astype(spec.dtype)
             print(f"input {spec.name!r}: not given, using arange(n)/n of shape {list(spec.shape)}")
@@ -111,7 +123,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     import omrt
     from .report import describe, plot
 
-    model = omrt.load(args.model, verify=args.verify)
+    model = omrt.load(args.model, verify=args.verify, trust_kernels=args.trust_kernels)
     print(describe(model, plan=args.plan))
     if args.verify:
         print("weights digest: ok")
@@ -174,6 +186,8 @@ def parser() -> argparse.ArgumentParser:
     i.add_argument("--plan", action="store_true", help="list tasks and draw the arena over time")
     i.add_argument("--plot", metavar="FILE.png|svg", help="write a picture of the memory plan")
     i.add_argument("--verify", action="store_true", help="also check the weights' digest")
+    i.add_argument("--trust-kernels", action="store_true",
+                   help="load the packed native kernels, to show whether they load on this host")
     i.set_defaults(fn=cmd_inspect)
     b = sub.add_parser("bench", help="time an ONNX model with omrt and ONNX Runtime side by side")
     b.add_argument("model", help="the .onnx file (compiled to a temporary .om)")
@@ -201,7 +215,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         return args.fn(args)
-    except OmrtError as e:
+    except (OmrtError, OSError) as e:
         print(f"omrt: error: {e}", file=sys.stderr)
         return 2
 

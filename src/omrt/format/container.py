@@ -19,7 +19,7 @@ import struct
 import tempfile
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import BinaryIO, Callable, Iterable
+from typing import BinaryIO, Callable, Iterable, Union
 
 from ..errors import FormatError
 
@@ -109,22 +109,53 @@ def _pad_to(f: BinaryIO, a: int) -> int:
     return target
 
 
-class OmFile:
-    """A mapped `.om` file whose header and table have been checked."""
+Source = Union[str, os.PathLike, bytes, bytearray, memoryview]
+"""Where a model comes from: a path, or its bytes (anything with the buffer protocol)."""
 
-    def __init__(self, path: str | os.PathLike) -> None:
-        self.path = os.fspath(path)
+
+class OmFile:
+    """A `.om` file, mapped from a path or read in place from a buffer, whose header and table
+    have been checked."""
+
+    def __init__(self, source: Source) -> None:
+        if isinstance(source, (str, os.PathLike)):
+            self.path = os.fspath(source)
+            self.map, size = self._map(self.path)
+        else:
+            self.path = f"<{type(source).__name__} of the model>"
+            self.map, size = self._buffer(source)
+        if size < HEADER.size:
+            raise FormatError(f"{self.path!r} is {size} bytes, too short for an omrt model "
+                              f"(header is {HEADER.size}); the file is truncated or not a .om")
+        self.size = size
+        self._check(size)
+
+    @staticmethod
+    def _map(path: str) -> tuple[mmap.mmap | bytes, int]:
         try:
-            with open(self.path, "rb") as f:
+            with open(path, "rb") as f:
                 size = os.fstat(f.fileno()).st_size
-                if size < HEADER.size:
-                    raise FormatError(f"{self.path!r} is {size} bytes, too short for an omrt model "
-                                      f"(header is {HEADER.size}); the file is truncated or not a .om")
-                self.map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+                return (mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else b""), size
         except FileNotFoundError:
-            raise FormatError(f"model file {self.path!r} does not exist") from None
+            raise FormatError(f"model file {path!r} does not exist") from None
         except IsADirectoryError:
-            raise FormatError(f"{self.path!r} is a directory, not a .om file") from None
+            raise FormatError(f"{path!r} is a directory, not a .om file") from None
+        except (ValueError, OSError) as e:
+            raise FormatError(f"cannot open model file {path!r}: {e}") from None
+
+    @staticmethod
+    def _buffer(source: object) -> tuple[memoryview, int]:
+        try:
+            view = memoryview(source)
+        except TypeError:
+            raise FormatError(f"a model is a path or the bytes of a .om file, not a "
+                              f"{type(source).__name__}") from None
+        if not view.c_contiguous:
+            raise FormatError("the buffer holding the model is not contiguous; pass bytes(buffer)")
+        view = view.cast("B")
+        return view, len(view)
+
+    def _check(self, size: int) -> None:
         magic, major, minor, self.flags, count, table_at, declared = HEADER.unpack_from(self.map, 0)
         if magic != MAGIC:
             raise FormatError(f"{self.path!r} is not an omrt model (bad magic {magic!r}); compile the "
@@ -173,4 +204,6 @@ class OmFile:
         return mv
 
     def close(self) -> None:
-        self.map.close()
+        """Unmap the file (a buffer the model was read from is the caller's to release)."""
+        if isinstance(self.map, mmap.mmap):
+            self.map.close()

@@ -15,6 +15,7 @@ import platform
 import struct
 import sys
 import threading
+import warnings
 
 from ..format.kernelstore import NATIVE, Packed
 from ..kernels.native import KERNEL_ABI, Library
@@ -110,4 +111,7 @@ def load(records: list[Packed], trusted: bool) -> Library | None:
             except OSError as e:
                 why = f"the dynamic loader refused it: {e}"
         r.status = f"not loaded: {why}"
+        if trusted:
+            warnings.warn(f"omrt: the native library {r.name!r} packed in the model does not load ({why}); "
+                          f"its kernels run on numpy", RuntimeWarning, stacklevel=4)
     return library

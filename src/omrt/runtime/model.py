@@ -9,13 +9,34 @@ from typing import Mapping, Sequence
 
 from ..errors import FormatError, InputError
 from ..format import OmFile, Part
+from ..format.container import Source
 from ..format.kernelstore import Packed, unpack
 from ..format.modeldef import decode, decode_program
 from ..ir import Graph, TensorInfo
 from ..native.loader import load as load_kernels
 from ..plan import lower, propagate
+from ..version import __version__
 from .prepare import IOSpec, Prepared, prepare
 from .session import Session
+
+
+def _release(version: object) -> tuple[int, ...]:
+    """(major, minor) of a version string; () when it is not one."""
+    parts = str(version).split(".")[:2]
+    return tuple(int(p) for p in parts) if all(p.isdigit() for p in parts) and len(parts) == 2 else ()
+
+
+def check_environment(env: dict, where: str) -> None:
+    """Refuse a file this omrt cannot run: written by a newer release (which may use kernels,
+    attributes or plan rules this one lacks), or whose ENV does not say which omrt wrote it."""
+    written = _release(env.get("omrt")) if isinstance(env, dict) else ()
+    if not written:
+        raise FormatError(f"{where}: the ENV partition does not name the omrt release that wrote the "
+                          f"file; it is damaged or foreign: recompile the model")
+    if written > _release(__version__):
+        raise FormatError(f"{where} was compiled by omrt {env['omrt']}, newer than this omrt "
+                          f"{__version__}: upgrade omrt (pip install -U omrt) or compile the model with "
+                          f"this one")
 
 
 def _signature_key(shapes: Mapping[str, Sequence[int]]) -> tuple:
@@ -25,9 +46,10 @@ def _signature_key(shapes: Mapping[str, Sequence[int]]) -> tuple:
 class Model:
     """A compiled model mapped from a `.om` file; make sessions to run it."""
 
-    def __init__(self, path: str | os.PathLike, verify: bool = False, trust_kernels: bool = False) -> None:
-        self.path = os.fspath(path)
-        self._file = OmFile(self.path)
+    def __init__(self, source: Source, verify: bool = False, trust_kernels: bool = False) -> None:
+        self._file = OmFile(source)
+        self.path = self._file.path
+        """The file's path, or a description of the buffer it was read from."""
         weights = self._file.view(Part.WEIGHTS, verify=verify)
         try:
             self.env = json.loads(bytes(self._file.view(Part.ENV)))
@@ -35,11 +57,12 @@ class Model:
         except ValueError as e:
             raise FormatError(f"{self.path!r}: ENV or PLANS partition is not valid JSON; the file is "
                               f"corrupted") from e
+        check_environment(self.env, self.path)
         self.kernels: list[Packed] = unpack(self._file.view(Part.KERNELS), self.path)
         """The packed kernels, each with its load status."""
         self.native = load_kernels(self.kernels, trust_kernels)
         self.graph, program, self.metadata = decode(self._file.view(Part.MODEL_DEF), weights, self.path)
-        self.file_size = os.path.getsize(self.path)
+        self.file_size = self._file.size
         self.inputs = [self._spec(v) for v in self.graph.inputs]
         self.outputs = [self._spec(v) for v in self.graph.outputs]
         self._lock = threading.Lock()
@@ -104,11 +127,14 @@ class Model:
         return Session(self, zero_copy)
 
 
-def load(path: str | os.PathLike, verify: bool = False, trust_kernels: bool = False) -> Model:
-    """Map a `.om` file. `verify=True` also checks the weights' digest (reads every byte).
+def load(source: Source, verify: bool = False, trust_kernels: bool = False) -> Model:
+    """Map a `.om` file, or read one in place from a buffer holding its bytes (bytes, bytearray,
+    mmap, memoryview, ...: the weights are then views into that buffer, kept alive by the model;
+    do not change it while the model is in use). `verify=True` also checks the weights' digest
+    (reads every byte).
 
     `trust_kernels=True` lets the native kernels packed in the file run (they are machine code:
     trust only files you compiled or got from someone you trust); otherwise, and where the host
     cannot load them, the built-in numpy kernels run instead. `Model.kernels` tells which happened.
     """
-    return Model(path, verify, trust_kernels)
+    return Model(source, verify, trust_kernels)
