@@ -106,6 +106,112 @@ def test_if_result_outlives_the_arena_block_of_the_value_it_returns(tmp_path):
         np.testing.assert_allclose(out["u"], [np.sum(1 / (1 + np.exp(-x)))], rtol=1e-5)
 
 
+def rate_branches_model() -> onnx.ModelProto:
+    """The issue's audio front end: y = If(sr == 16000, then Relu(x), else Reshape(x, [-1, 3])) on
+    x: [1, n]; the else branch holds only for lengths that divide by 3."""
+    then = helper.make_graph([helper.make_node("Relu", ["x"], ["t"])], "then", [], [tensor("t", shape=[1, "n"])])
+    other = helper.make_graph([helper.make_node("Reshape", ["x", "frames"], ["e"])], "else", [],
+                              [tensor("e", shape=["a", "b"])],
+                              [numpy_helper.from_array(np.array([-1, 3], np.int64), "frames")])
+    nodes = [helper.make_node("Equal", ["sr", "rate"], ["c"]),
+             helper.make_node("If", ["c"], ["y"], then_branch=then, else_branch=other)]
+    return build(nodes, [tensor("x", shape=[1, "n"]), tensor("sr", T.INT64, [])], [tensor("y", shape=["a", "b"])],
+                 [numpy_helper.from_array(np.array(16000, np.int64), "rate")])
+
+
+def _ort(model: onnx.ModelProto, feeds: dict) -> list:
+    import onnxruntime as ort
+
+    return ort.InferenceSession(model.SerializeToString()).run(None, feeds)
+
+
+@pytest.mark.parametrize("shapes", [{"x": (1, 4)}, None])
+def test_an_if_branch_invalid_for_the_shapes_at_hand_fails_only_if_taken(tmp_path, shapes):
+    model = rate_branches_model()
+    path = str(tmp_path / "rates.om")
+    omrt.compile(model, path, shapes=shapes)
+    sess = omrt.load(path).session()
+    x = np.array([[-2, -1, 0, 1]], np.float32)
+    feeds = {"x": x, "sr": np.array(16000)}
+    np.testing.assert_array_equal(sess.run(feeds)["y"], _ort(model, feeds)[0])
+    with pytest.raises(omrt.ShapeError, match=r"else/Reshape_0: cannot reshape \(1, 4\) to \[-1, 3\]"):
+        sess.run({"x": x, "sr": np.array(8000)})
+    if shapes is None:  # a length both branches hold for
+        six = {"x": np.arange(6, dtype=np.float32).reshape(1, 6), "sr": np.array(8000)}
+        np.testing.assert_array_equal(sess.run(six)["y"], _ort(model, six)[0])
+
+
+def test_an_if_whose_branches_both_fail_names_both(tmp_path):
+    model = rate_branches_model()
+    then = next(a.g for a in model.graph.node[1].attribute if a.name == "then_branch")
+    then.node[0].op_type = "Squeeze"  # then: Squeeze(x) of [1, n] at an axis out of range
+    then.node[0].input.append("axis")
+    then.initializer.append(numpy_helper.from_array(np.array([5], np.int64), "axis"))
+    with pytest.raises(omrt.ShapeError, match=r"neither branch of the If holds for these shapes: then: .*; "
+                                              r"else: .*cannot reshape"):
+        omrt.compile(model, str(tmp_path / "bad.om"), shapes={"x": (1, 4)})
+
+
+def _per_rate_frames_model() -> onnx.ModelProto:
+    """Frames of 10 ms: 160 samples at 16 kHz, 80 at 8 kHz, one Reshape per rate."""
+    branches = {}
+    for key, frame in (("then", 160), ("else", 80)):
+        shape = numpy_helper.from_array(np.array([-1, frame], np.int64), f"{key}_frame")
+        branches[key] = helper.make_graph(
+            [helper.make_node("Reshape", ["x", f"{key}_frame"], [f"{key}_f"]),
+             helper.make_node("ReduceMean", [f"{key}_f", "last"], [f"{key}_m"], keepdims=0)],
+            key, [], [tensor(f"{key}_m", shape=["frames"])], [shape])
+    nodes = [helper.make_node("Equal", ["sr", "rate"], ["c"]),
+             helper.make_node("If", ["c"], ["energy"], then_branch=branches["then"], else_branch=branches["else"])]
+    return build(nodes, [tensor("x", shape=[1, "n"]), tensor("sr", T.INT64, [])], [tensor("energy", shape=["f"])],
+                 [numpy_helper.from_array(np.array(16000, np.int64), "rate"),
+                  numpy_helper.from_array(np.array([-1], np.int64), "last")], opset=18)
+
+
+@pytest.mark.parametrize("n, sr", [(400, 8000), (480, 16000), (480, 8000)])
+def test_audio_front_end_with_one_branch_per_sample_rate(tmp_path, n, sr):
+    model = _per_rate_frames_model()
+    feeds = {"x": RNG.standard_normal((1, n)).astype(np.float32), "sr": np.array(sr)}
+    for shapes in ({"x": (1, n)}, None):
+        path = str(tmp_path / "frames.om")
+        omrt.compile(model, path, shapes=shapes)
+        got = omrt.load(path).session().run(feeds)["energy"]
+        np.testing.assert_allclose(got, _ort(model, feeds)[0], rtol=1e-5, atol=1e-6)
+
+
+def _gru_stack_model(hidden: int = 8) -> onnx.ModelProto:
+    """Two GRUs as PyTorch exports a stack: between them the direction axis is squeezed by an If
+    (here on whether the input is non-negative overall); the other branch squeezes axis 0, which
+    only holds for a sequence of one step."""
+    inits = []
+    for k, width in ((0, 4), (1, hidden)):
+        for name, shape in ((f"W{k}", (1, 3 * hidden, width)), (f"R{k}", (1, 3 * hidden, hidden)),
+                            (f"B{k}", (1, 6 * hidden))):
+            inits.append(numpy_helper.from_array((RNG.standard_normal(shape) * 0.3).astype(np.float32), name))
+    inits += [numpy_helper.from_array(np.array([1], np.int64), "dir_axis"),
+              numpy_helper.from_array(np.array([0], np.int64), "seq_axis")]
+    squeeze = {key: helper.make_graph([helper.make_node("Squeeze", ["y0", axes], [f"{key}_s"])], key, [],
+                                      [tensor(f"{key}_s", shape=None)])
+               for key, axes in (("then", "dir_axis"), ("else", "seq_axis"))}
+    nodes = [helper.make_node("GRU", ["x", "W0", "R0", "B0"], ["y0"], hidden_size=hidden),
+             helper.make_node("ReduceSum", ["x"], ["total"], keepdims=0),
+             helper.make_node("Greater", ["total", "zero"], ["c"]),
+             helper.make_node("If", ["c"], ["h0"], then_branch=squeeze["then"], else_branch=squeeze["else"]),
+             helper.make_node("GRU", ["h0", "W1", "R1", "B1"], ["y1"], hidden_size=hidden)]
+    inits.append(numpy_helper.from_array(np.array(-1e9, np.float32), "zero"))
+    return build(nodes, [tensor("x", shape=["seq", 1, 4])], [tensor("y1", shape=None)], inits)
+
+
+@pytest.mark.parametrize("shapes", [{"x": (5, 1, 4)}, None])
+def test_gru_stack_with_a_conditional_squeeze(tmp_path, shapes):
+    model = _gru_stack_model()
+    feeds = {"x": RNG.standard_normal((5, 1, 4)).astype(np.float32)}
+    path = str(tmp_path / "gru.om")
+    omrt.compile(model, path, shapes=shapes)
+    got = omrt.load(path).session().run(feeds)["y1"]
+    np.testing.assert_allclose(got, _ort(model, feeds)[0], rtol=1e-4, atol=1e-5)
+
+
 def loop_body(threshold: float) -> onnx.GraphProto:
     """(i, cond, acc) -> (acc + i * x < threshold, acc + i * x, (acc + i * x) * 2): x is captured."""
     nodes = [helper.make_node("Cast", ["i"], ["fi"], to=T.FLOAT),

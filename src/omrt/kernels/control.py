@@ -139,13 +139,28 @@ class If(_Subgraphs):
     "then_branch and else_branch ... must produce the same number of outputs"; from opset 11 the
     shapes may differ between them, so the merged infos leave those dims unknown. An If whose
     condition is a constant is replaced by its branch at compile time.
+
+    A branch whose shape inference fails for the shapes at hand (exporters emit one branch per
+    case, each valid only for its own inputs: a Squeeze of a dim that may be 1, a Reshape per
+    sample rate) does not fail the node: it is planned from the other branch, and the failing
+    one raises its ShapeError if it is ever taken.
     """
 
     @classmethod
     def infer(cls, ctx, inputs):
         _, caps = split_captures(ctx, inputs)
-        then = ctx.subgraphs["then_branch"].infer([], caps)
-        other = ctx.subgraphs["else_branch"].infer([], caps)
+        inferred, failed = {}, {}
+        for key in ("then_branch", "else_branch"):
+            try:
+                inferred[key] = ctx.subgraphs[key].infer([], caps)
+            except ShapeError as e:
+                failed[key] = e
+        if len(failed) == 2:
+            raise ShapeError(f"{ctx.name}: neither branch of the If holds for these shapes: then: "
+                             f"{failed['then_branch']}; else: {failed['else_branch']}")
+        if failed:
+            return [bare(o) for o in next(iter(inferred.values()))]
+        then, other = inferred["then_branch"], inferred["else_branch"]
         if len(then) != len(other):
             raise ShapeError(f"{ctx.name}: If branches produce {len(then)} and {len(other)} outputs; "
                              f"both must produce the node's {ctx.n_outputs}")
