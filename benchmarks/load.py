@@ -4,10 +4,13 @@
     python benchmarks/load.py --model resnet50 --reps 7 --threads 2 --json load.json
     python benchmarks/load.py --model big_mlp       # a synthetic model of compare.py, built first
 
+A light model is its architecture with weights redrawn, seeded (`omrt.zoo.redrawn`: real
+initializers in the .onnx, and outputs that can be checked); synthetic ones are compare.py's.
 The model is compiled to `.om` once, before any measurement (in a worker process of its own),
 and the compile time is reported on its own. One unmeasured round per side follows (byte-code
-caches, page cache, and an output check against ORT and the shipped expected output). Then, for every repetition, two fresh Python processes are spawned (`--worker omrt`
-and `--worker ort`, alternating which goes first), and each measures:
+caches, page cache, and an output check against ORT). Then, for every repetition, two fresh
+Python processes are spawned (`--worker omrt` and `--worker ort`, alternating which goes
+first), and each measures:
 
 - import:  importing the runtime (`omrt` / `onnxruntime`, numpy included);
 - load:    omrt `load(.om)` + first `session()`, vs ORT `InferenceSession(.onnx)` creation
@@ -40,7 +43,8 @@ import time
 LIGHT = ["bvlc_alexnet", "densenet121", "inception_v1", "inception_v2", "resnet50", "shufflenet",
          "squeezenet", "vgg19", "zfnet512"]
 SYNTHETIC = ["mlp", "preprocess", "preprocess_resize", "transformer", "big_mlp"]
-"""Models compare.py builds with onnx.helper; they are written to a temporary .onnx by a worker."""
+"""Models compare.py builds with onnx.helper; they (and the redrawn light models) are written to a
+temporary .onnx by a worker."""
 
 TARGET_LOAD_SPEEDUP = 10.0
 TARGET_RSS_RATIO = 0.7
@@ -142,15 +146,16 @@ def worker_compile(src: str, out: str) -> dict:
 
 
 def worker_build(name: str, folder: str) -> dict:
-    """Write compare.py's synthetic model `name` into `folder`; returns its path."""
+    """Write compare.py's model `name` (synthetic, or a redrawn light model) into `folder`;
+    returns its path."""
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from compare import build
 
     return {"path": build(name, folder)}
 
 
-def worker_check(omrt_npz: str, ort_npz: str, expected: str | None) -> dict:
-    """Compare omrt's first-run outputs with ORT's (and with the shipped expected output, if any)."""
+def worker_check(omrt_npz: str, ort_npz: str) -> dict:
+    """Compare omrt's first-run outputs with ORT's."""
     import numpy as np
 
     from omrt.bench import check_outputs
@@ -158,11 +163,6 @@ def worker_check(omrt_npz: str, ort_npz: str, expected: str | None) -> dict:
     a, b = np.load(omrt_npz), np.load(ort_npz)
     report: dict = check_outputs(dict(a), dict(b))
     report.update({name: "missing from omrt's outputs" for name in b.files if name not in a.files})
-    if expected and len(a.files) == 1:
-        from omrt.demo import read_tensor
-
-        ref = read_tensor(expected)
-        report["expected_output_allclose"] = bool(np.allclose(a[a.files[0]], ref, rtol=1e-3, atol=1e-7))
     return report
 
 
@@ -171,21 +171,12 @@ def worker_check(omrt_npz: str, ort_npz: str, expected: str | None) -> dict:
 # from the high-water mark of the process image it was exec'd from, so a parent that had compiled a
 # large model would inflate every worker's figure. Compiling and checking run in workers too.
 
-def resolve_model(name: str) -> tuple[str, str | None]:
-    """(onnx path, expected-output path or None) for a light-model name or an .onnx path."""
-    if os.path.isfile(name) or name in SYNTHETIC:
-        return name, None
-    import importlib.util
-
-    spec = importlib.util.find_spec("onnx")  # locates the package without importing it
-    if spec is None or not spec.submodule_search_locations:
-        raise SystemExit("the onnx package is needed to find the light models")
-    base = os.path.join(list(spec.submodule_search_locations)[0], "backend", "test", "data", "light")
-    src, expected = os.path.join(base, f"light_{name}.onnx"), os.path.join(base, f"light_{name}_output_0.pb")
-    if not os.path.isfile(src):
-        raise SystemExit(f"--model {name!r}: neither a file nor a light model ({', '.join(LIGHT)}) "
-                         f"nor a synthetic one ({', '.join(SYNTHETIC)})")
-    return src, expected if os.path.isfile(expected) else None
+def resolve_model(name: str) -> str:
+    """The model's .onnx path, or its name when a worker has to build it."""
+    if os.path.isfile(name) or name in SYNTHETIC or name in LIGHT:
+        return name
+    raise SystemExit(f"--model {name!r}: neither a file nor a light model ({', '.join(LIGHT)}) "
+                     f"nor a synthetic one ({', '.join(SYNTHETIC)})")
 
 
 def spawn(args: list[str], env: dict) -> dict:
@@ -224,7 +215,6 @@ def main(argv=None) -> int:
                     help="BLAS threads for omrt, intra-op threads for ORT (default 1)")
     ap.add_argument("--json", metavar="FILE", help="write every measurement and the medians here")
     ap.add_argument("--worker", choices=["omrt", "ort", "compile", "check", "build"], help=argparse.SUPPRESS)
-    ap.add_argument("--expected", help=argparse.SUPPRESS)
     ap.add_argument("--path", help=argparse.SUPPRESS)
     ap.add_argument("--save", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -234,16 +224,16 @@ def main(argv=None) -> int:
             "omrt": lambda: worker_omrt(args.path, args.save),
             "ort": lambda: worker_ort(args.path, args.threads, args.save),
             "compile": lambda: worker_compile(args.path, args.save),
-            "check": lambda: worker_check(args.path, args.save, args.expected),
+            "check": lambda: worker_check(args.path, args.save),
             "build": lambda: worker_build(args.path, args.save),
         }
         print(json.dumps(workers[args.worker]()))
         return 0
 
-    src, expected = resolve_model(args.model)
+    src = resolve_model(args.model)
     with tempfile.TemporaryDirectory() as tmp:
         env = worker_env(args.threads, os.path.join(tmp, "pycache"))
-        if src in SYNTHETIC and not os.path.isfile(src):
+        if not os.path.isfile(src):
             src = spawn(["--worker", "build", "--path", src, "--save", tmp], env)["path"]
         om = os.path.join(tmp, "model.om")
         comp = spawn(["--worker", "compile", "--path", src, "--save", om], env)
@@ -257,8 +247,7 @@ def main(argv=None) -> int:
         # One unmeasured round: writes byte-code caches, warms the page cache, saves outputs to check.
         for kind in ("omrt", "ort"):
             spawn(["--worker", kind, "--path", om if kind == "omrt" else src, "--save", saves[kind], *common], env)
-        check_args = ["--worker", "check", "--path", saves["omrt"], "--save", saves["ort"]]
-        checks = spawn(check_args + (["--expected", expected] if expected else []), env)
+        checks = spawn(["--worker", "check", "--path", saves["omrt"], "--save", saves["ort"]], env)
         checks.pop("process_s", None)
         runs: dict[str, list[dict]] = {"omrt": [], "ort": []}
         for rep in range(args.reps):

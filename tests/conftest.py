@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import tracemalloc
+from typing import Iterator
 
 import numpy as np
 import onnx
@@ -80,3 +82,16 @@ def steady_state_peak(sess: omrt.Session, runs: int = 3) -> int:
 def rewind_kernel_test_rng() -> None:
     """Every test draws the same kernel-test data whatever ran before it."""
     KERNEL_TEST_RNG.bit_generator.state = np.random.default_rng(0).bit_generator.state
+
+
+TEST_THREADS = int(os.environ.get("OMRT_TEST_THREADS", "1"))
+"""Threads every test starts with (OMRT_TEST_THREADS=2 runs the whole suite split over two
+threads, to show that no tolerance depends on the thread split)."""
+
+
+@pytest.fixture(autouse=True)
+def default_threads() -> Iterator[None]:
+    """Each test starts on TEST_THREADS omrt threads and leaves the setting as it found it."""
+    omrt.set_num_threads(TEST_THREADS)
+    yield
+    omrt.set_num_threads(TEST_THREADS)

@@ -45,7 +45,7 @@ def test_cli_bench_against_onnxruntime(tmp_path):
         assert rec[variant]["p90_ms"] >= rec[variant]["median_ms"] >= rec[variant]["min_ms"]
     assert rec["ratio_vs_run"] == pytest.approx(rec["omrt"]["median_ms"] / rec["ort_run"]["median_ms"])
     assert rec["bytes_copied_per_run"] == 0
-    assert rec["check"]["y"]["allclose"] and rec["check"]["y"]["max_abs_diff"] < 1e-5
+    assert rec["check"]["y"]["close"] and rec["check"]["y"]["scaled_error"] < 1e-4
 
 
 def test_symbolic_dims_need_shape(tmp_path, capsys):

@@ -24,9 +24,9 @@ def _omrt(*args: str, cwd) -> subprocess.CompletedProcess:
 
 
 def test_cli_compile_run_inspect(tmp_path):
-    from omrt.demo import light_model
+    from omrt.zoo import shipped
 
-    src = light_model("squeezenet")[0]
+    src = shipped("squeezenet")[0]
     res = _omrt("compile", src, "sq.om", "--shape", "data_0=1x3x224x224", cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     assert "arena" in res.stdout and "x1.000" in res.stdout
@@ -70,9 +70,9 @@ def test_cli_input_errors_are_one_clear_line(tmp_path):
 
 
 def test_cli_inspect_shows_whether_trusted_kernels_load(tmp_path):
-    from omrt.demo import light_model
+    from omrt.zoo import shipped
 
-    assert _omrt("compile", light_model("squeezenet")[0], "sq.om", cwd=tmp_path).returncode == 0
+    assert _omrt("compile", shipped("squeezenet")[0], "sq.om", cwd=tmp_path).returncode == 0
     plain = _omrt("inspect", "sq.om", cwd=tmp_path)
     trusted = _omrt("inspect", "sq.om", "--trust-kernels", cwd=tmp_path)
     assert trusted.returncode == 0, trusted.stderr
@@ -86,6 +86,6 @@ def test_demo_reports_a_match():
     res = subprocess.run([sys.executable, "-m", "omrt.cli", "demo", "--repeat", "2"], capture_output=True,
                          text=True)
     assert res.returncode == 0, res.stdout + res.stderr
-    assert "matches the expected output: yes" in res.stdout
+    assert "matches the reference (ONNX Runtime): yes" in res.stdout
     assert "bytes copied per run: 0" in res.stdout
     assert "native kernels (conv, pool, winograd): loaded" in res.stdout or "no C compiler" in res.stderr

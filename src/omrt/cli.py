@@ -72,7 +72,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     import omrt
-    from .demo import backend_input
+    from .zoo import backend_input
 
     omrt.set_num_threads(args.threads)
     model = omrt.load(args.model, trust_kernels=args.trust_kernels)
