@@ -17,7 +17,8 @@ from numpy.lib.stride_tricks import as_strided
 
 from ..errors import ShapeError
 from . import parallel
-from .base import Dim, Kernel, OpContext, TensorInfo, aligned, apply_activation, register
+from .base import (FUSED_ACTIVATIONS, Dim, Kernel, OpContext, TensorInfo, aligned, apply_activation,
+                   register)
 from .native import F32, I64, PTR, Function, activation_code, address, threads_for
 
 WORKSPACE_CAP = 1 << 20
@@ -31,8 +32,6 @@ of the zero-padded image (in the workspace) instead of one copy per tap: 2x fast
 SPLIT_PASS_BYTES = 1 << 21
 """Outputs at least this big get their bias and activation pass on all of omrt's threads; on
 smaller ones the pass costs less than a handoff."""
-
-_ACTIVATIONS = frozenset({"Relu", "LeakyRelu", "Clip", "Sigmoid", "Tanh", "HardSigmoid"})
 
 DWCONV2D = Function("conv", "omrt_dwconv2d_f32", (PTR,) * 5 + (I64,) * 18 + (F32, F32))
 IM2COL2D = Function("conv", "omrt_im2col_f32", (PTR, PTR) + (I64,) * 15)
@@ -356,7 +355,7 @@ class Conv(Kernel):
     strided taps with numpy ufuncs.
     """
 
-    fuses = _ACTIVATIONS
+    fuses = frozenset(FUSED_ACTIVATIONS)
     native_units = ("conv",)
 
     @classmethod
@@ -738,7 +737,7 @@ def _scatter(image: np.ndarray, cols: np.ndarray, moves: Sequence[tuple[tuple, t
 class ConvTranspose(Kernel):
     """N-d transposed convolution: one GEMM per group (W^T X) into column chunks, then col2im."""
 
-    fuses = _ACTIVATIONS
+    fuses = frozenset(FUSED_ACTIVATIONS)
 
     @classmethod
     def infer(cls, ctx: OpContext, inputs: Sequence[TensorInfo | None]) -> list[TensorInfo]:
