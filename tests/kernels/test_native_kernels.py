@@ -13,8 +13,9 @@ from hypothesis import strategies as st
 from kernel_check import check, randn, reference, run_kernel
 import omrt
 from omrt.compiler.native import build
-from omrt.kernels import OpContext, TensorInfo, conv, lookup, winograd
+from omrt.kernels import OpContext, TensorInfo, lookup, winograd
 from omrt.kernels import native as native_module
+from omrt.kernels import window as window_module
 from omrt.kernelstore import load
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -205,7 +206,7 @@ def test_native_conv_matches_numpy_path(native, threads, window, dilation, group
     x, weight = randn(n, 6, h, w), randn(filters, 6 // group, kh, kw)
     patch = pytest.MonkeyPatch()
     if rows_per_chunk:
-        patch.setattr(conv, "WORKSPACE_CAP", 6 * kh * kw * w * 4 * rows_per_chunk)
+        patch.setattr(window_module, "WORKSPACE_CAP", 6 * kh * kw * w * 4 * rows_per_chunk)
     try:
         assert _conv_kernel(x, weight, attrs, native).c_conv is not None
         agree("Conv", [x, weight] + ([randn(filters)] if bias else []), attrs, native)

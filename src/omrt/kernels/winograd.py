@@ -18,8 +18,9 @@ import numpy as np
 
 from . import parallel
 from .base import OpContext, TensorInfo, aligned, register
-from .conv import Conv, window_of
+from .conv import Conv
 from .native import F32, I64, PTR, Function, activation_code, address, threads_for
+from .window import window_of
 
 WINOGRAD = Function("winograd", "omrt_winograd_f32", (PTR,) * 5 + (I64,) * 16 + (F32, F32), blas=True)
 
