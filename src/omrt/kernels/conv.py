@@ -13,14 +13,14 @@ from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
-from numpy.lib.stride_tricks import as_strided
 
 from ..errors import ShapeError
 from . import parallel, window
 from .base import (FUSED_ACTIVATIONS, Dim, Kernel, OpContext, TensorInfo, aligned, apply_activation,
                    register)
 from .native import F32, I64, PTR, Function, activation_code, address, threads_for
-from .window import _Chunk, _chunks, _plan_chunks, _row_chunks, plane_scratch, sliding_window, window_of
+from .window import (_Chunk, _chunks, _plan_chunks, _row_chunks, plane_scratch, sliding_window,
+                     strided_columns, window_of)
 
 STRIDED_TAPS = 16
 """Strided layers with at least this many taps gather each chunk with one copy from a strided view
@@ -220,13 +220,9 @@ class Conv(Kernel):
 
     def _strided_gather(self, image: np.ndarray, cols: np.ndarray, chunk: _Chunk) -> None:
         """Copy a chunk's columns out of the padded image through one strided view of it."""
-        win, rows = self.win, chunk.last - chunk.first
-        c, *steps = image.strides
-        view = as_strided(image[:, chunk.first * win.strides[0]:],
-                          (image.shape[0],) + win.kernel + (rows,) + win.out[1:],
-                          (c, *(t * d for t, d in zip(steps, win.dilations)),
-                           *(t * s for t, s in zip(steps, win.strides))), writeable=False)
-        np.copyto(cols[(slice(None),) * (1 + len(win.kernel)) + (slice(0, rows),)], view)
+        rows = chunk.last - chunk.first
+        np.copyto(cols[(slice(None),) * (1 + len(self.win.kernel)) + (slice(0, rows),)],
+                  strided_columns(image, self.win, chunk.first, chunk.last))
 
     def workspace(self) -> int:
         return self.nbytes

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
+from numpy.lib.stride_tricks import as_strided
 
 from ..errors import ShapeError
 from .base import Dim, OpContext, aligned
@@ -221,6 +222,17 @@ def transposed_window(ctx: OpContext, size: Sequence[Dim], kernel: Sequence[int]
             raise ShapeError(f"{ctx.name}: ConvTranspose output dim {i} would be {o}; "
                              f"reduce pads or give output_shape")
     return out, begin, end
+
+
+def strided_columns(image: np.ndarray, win: Window, first: int, last: int) -> np.ndarray:
+    """The columns of window positions [first, last) along spatial dim 0, as one read-only strided
+    view (C, *kernel, last - first, *out[1:]) of `image` (C, *spatial), the input already padded
+    by the window's begin pads: column [c, k.., o..] reads image[c, o * strides + k * dilations]."""
+    c, *steps = image.strides
+    return as_strided(image[:, first * win.strides[0]:],
+                      (image.shape[0],) + win.kernel + (last - first,) + win.out[1:],
+                      (c, *(t * d for t, d in zip(steps, win.dilations)),
+                       *(t * s for t, s in zip(steps, win.strides))), writeable=False)
 
 
 def plane_scratch(win: Window) -> int:
