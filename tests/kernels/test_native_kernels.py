@@ -241,9 +241,9 @@ def _runs_as_conv(kernel, x: np.ndarray, weight: np.ndarray) -> None:
 
 def test_winograd_in_a_plan_too_small_for_it_runs_as_a_conv(native):
     kernel, x, weight = _padded_winograd(64, 8, native)
-    assert kernel.c_winograd is not None and kernel.workspace() > kernel.conv_nbytes
-    assert not kernel.fit_workspace(kernel.conv_nbytes - 1)
-    assert kernel.fit_workspace(kernel.conv_nbytes) and kernel.c_winograd is None
+    assert kernel.c_winograd is not None and kernel.workspace() > kernel.conv_workspace_bytes
+    assert not kernel.fit_workspace(kernel.conv_workspace_bytes - 1)
+    assert kernel.fit_workspace(kernel.conv_workspace_bytes) and kernel.c_winograd is None
     _runs_as_conv(kernel, x, weight)
 
 

@@ -150,13 +150,13 @@ class Conv(Kernel):
         self.pad_bytes = 0 if self.padded is None else aligned(channels * math.prod(self.padded) * x.dtype.itemsize)
         self.splits: dict[int, _Split] = {}
         self.cuts: dict[int, list[tuple[slice, slice, slice]]] = {}
-        self.nbytes = 0
+        self.workspace_bytes = 0
         if self.mode == "im2col":
-            self.nbytes = self.pad_bytes + max(min(t, parallel.MAX_SLOTS) * self._layout(t)[1]
-                                               for t in range(1, parallel.MAX_SLOTS + 1))
+            self.workspace_bytes = self.pad_bytes + max(min(t, parallel.MAX_SLOTS) * self._layout(t)[1]
+                                                        for t in range(1, parallel.MAX_SLOTS + 1))
             self._split(1)
         self.plane_scratch = self._plane_scratch(x, channels)
-        self.nbytes = max(self.nbytes, parallel.MAX_SLOTS * self.plane_scratch)
+        self.workspace_bytes = max(self.workspace_bytes, parallel.MAX_SLOTS * self.plane_scratch)
 
     def _plane_scratch(self, x: TensorInfo, channels: int) -> int:
         """Bytes of scratch per thread of the native depthwise loop: planned whether or not the
@@ -225,7 +225,7 @@ class Conv(Kernel):
                   strided_columns(image, self.win, chunk.first, chunk.last))
 
     def workspace(self) -> int:
-        return self.nbytes
+        return self.workspace_bytes
 
     def _threads(self) -> int:
         """The threads this layer runs on: all of omrt's when it is big enough to pay for a split."""

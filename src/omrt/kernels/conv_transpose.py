@@ -70,10 +70,10 @@ class ConvTranspose(Kernel):
         row_bytes = filters * taps * inner * x.dtype.itemsize
         self.step = _row_chunks(x.shape[2], row_bytes)
         self.chunks = _plan_chunks(self.win, self.step) if x.shape[2] else []
-        self.nbytes = row_bytes * self.step
+        self.workspace_bytes = row_bytes * self.step
 
     def workspace(self) -> int:
-        return self.nbytes
+        return self.workspace_bytes
 
     def run(self, inputs, outputs, workspace):
         x, w = inputs[0], inputs[1]
@@ -88,7 +88,7 @@ class ConvTranspose(Kernel):
         inner = math.prod(win.out[1:])
         filters = y.shape[1]
         shape = (filters,) + win.kernel + (self.step,) + win.out[1:]
-        cols = workspace[:self.nbytes].view(x.dtype).reshape(shape)
+        cols = workspace[:self.workspace_bytes].view(x.dtype).reshape(shape)
         wt = w.reshape(g, c // g, -1).transpose(0, 2, 1)
         gemm_out = cols.reshape(g, wt.shape[1], self.step * inner)
         for i in range(n):
@@ -175,10 +175,10 @@ class DeformConv(Kernel):
             raise ShapeError(f"{ctx.name}: {x.shape[1]} channels cannot be split into "
                              f"offset_group={self.offset_group} groups")
         taps = int(np.prod(self.win.kernel))
-        self.nbytes = x.shape[1] * taps * int(np.prod(self.win.out)) * x.dtype.itemsize
+        self.workspace_bytes = x.shape[1] * taps * int(np.prod(self.win.out)) * x.dtype.itemsize
 
     def workspace(self) -> int:
-        return self.nbytes
+        return self.workspace_bytes
 
     def run(self, inputs, outputs, workspace):
         x, w, offset = inputs[:3]
@@ -189,7 +189,7 @@ class DeformConv(Kernel):
         n, c, height, width = x.shape
         oh, ow = win.out
         taps = win.kernel[0] * win.kernel[1]
-        cols = workspace[:self.nbytes].view(x.dtype).reshape(og, c // og, taps, oh * ow)
+        cols = workspace[:self.workspace_bytes].view(x.dtype).reshape(og, c // og, taps, oh * ow)
         offset = offset.reshape(n, og, taps, 2, oh * ow)
         if mask is not None:
             mask = mask.reshape(n, og, taps, oh * ow)
@@ -201,9 +201,9 @@ class DeformConv(Kernel):
             planes = x[i].reshape(og, c // og, height * width)
             for k, (ki, kj) in enumerate(itertools.product(*(range(s) for s in win.kernel))):
                 for grp in range(og):
-                    hs = grid_h + ki * win.dilations[0] + offset[i, grp, k, 0]
-                    ws = grid_w + kj * win.dilations[1] + offset[i, grp, k, 1]
-                    sample = _bilinear(planes[grp], hs, ws, height, width)
+                    h_positions = grid_h + ki * win.dilations[0] + offset[i, grp, k, 0]
+                    w_positions = grid_w + kj * win.dilations[1] + offset[i, grp, k, 1]
+                    sample = _bilinear(planes[grp], h_positions, w_positions, height, width)
                     if mask is not None:
                         sample *= mask[i, grp, k]
                     cols[grp, :, k] = sample
@@ -213,12 +213,14 @@ class DeformConv(Kernel):
             np.add(y, _bias_view(b, y.ndim), out=y)
 
 
-def _bilinear(plane: np.ndarray, hs: np.ndarray, ws: np.ndarray, height: int, width: int) -> np.ndarray:
-    """Sample plane (C, H*W) at fractional (hs, ws) with bilinear weights; outside points read zero."""
-    h0, w0 = np.floor(hs), np.floor(ws)
-    fh, fw = hs - h0, ws - w0
+def _bilinear(plane: np.ndarray, h_positions: np.ndarray, w_positions: np.ndarray, height: int,
+              width: int) -> np.ndarray:
+    """Sample plane (C, H*W) at fractional (h_positions, w_positions) with bilinear weights; outside
+    points read zero."""
+    h0, w0 = np.floor(h_positions), np.floor(w_positions)
+    fh, fw = h_positions - h0, w_positions - w0
     h0, w0 = h0.astype(np.int64), w0.astype(np.int64)
-    total = np.zeros((plane.shape[0], hs.shape[0]), plane.dtype)
+    total = np.zeros((plane.shape[0], h_positions.shape[0]), plane.dtype)
     for dh, wh in ((0, 1 - fh), (1, fh)):
         for dw, ww in ((0, 1 - fw), (1, fw)):
             hh, wc = h0 + dh, w0 + dw
