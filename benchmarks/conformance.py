@@ -1,9 +1,13 @@
 """Run the official ONNX backend test suite against omrt and print passed/failed/errored per op.
 
     python benchmarks/conformance.py [--markdown docs/conformance.md] [--json FILE] [-k PATTERN]
+    python benchmarks/conformance.py --markdown docs/conformance.md --ops-only
 
 Every test goes through omrt's real path (compile to .om, load, session, run). A test that runs
 longer than --timeout seconds counts as errored (and is reported), so a hang cannot stall the run.
+The markdown ends with where each operator lives: every kernel registration and the module that
+implements it (many kernels are made by factories in loops, so grep cannot find them). With
+--ops-only that section alone is rewritten in the existing markdown, and no test runs.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import onnx.backend.test
 from onnx.backend.test.loader import load_model_tests
 
 import omrt.backend
+from omrt.kernels import lookup, registered_ops
 
 KINDS = {"OnnxBackendNodeModelTest": "node", "OnnxBackendSimpleModelTest": "simple",
          "OnnxBackendRealModelTest": "real", "OnnxBackendPyTorchConvertedModelTest": "pytorch-converted",
@@ -113,7 +118,31 @@ def markdown(records: list[dict]) -> str:
         bad = next((r["detail"] for r in records if r["op"] == op and r["outcome"] in ("failed", "errored")), "")
         bad = bad.replace("|", "\\|")[:120]
         out.append(f"| {op} | {c['passed']} | {c['failed']} | {c['errored']} | {c['skipped']} | {bad} |")
+    return "\n".join(out) + "\n\n" + ops_section()
+
+
+OPS_HEADING = "## Where each operator lives"
+
+
+def ops_section() -> str:
+    """Every kernel registration (domain, operator, first opset) and the module of its class."""
+    out = [OPS_HEADING, "",
+           "Every operator omrt's kernel library registers, from the opset each kernel serves, and the "
+           "module that implements it (`omrt.kernels.registered_ops()`; kernels that factories make in "
+           "loops are listed too). Rewrite this section alone with "
+           "`python benchmarks/conformance.py --markdown docs/conformance.md --ops-only`.", "",
+           "| domain | operator | since opset | module |", "|---|---|---|---|"]
+    for domain, op, since in registered_ops():
+        module = lookup(op, since, domain).__module__
+        out.append(f"| {domain or 'ai.onnx'} | {op} | {since} | `{module}` |")
     return "\n".join(out) + "\n"
+
+
+def replace_ops_section(text: str) -> str:
+    """`text` (a markdown written by this script) with its operator section made anew, at its end."""
+    start = text.find(OPS_HEADING)
+    head = text if start < 0 else text[:start]
+    return head.rstrip("\n") + "\n\n" + ops_section()
 
 
 def main() -> int:
@@ -122,7 +151,17 @@ def main() -> int:
     ap.add_argument("--timeout", type=int, default=120, help="seconds per test before it counts as errored")
     ap.add_argument("--markdown", help="write the per-op table here")
     ap.add_argument("--json", help="write every test's record here")
+    ap.add_argument("--ops-only", action="store_true",
+                    help="only rewrite the section on where each operator lives in the --markdown file")
     args = ap.parse_args()
+    if args.ops_only:
+        if not args.markdown:
+            ap.error("--ops-only rewrites a section of the --markdown file; give --markdown")
+        with open(args.markdown) as f:
+            text = f.read()
+        with open(args.markdown, "w") as f:
+            f.write(replace_ops_section(text))
+        return 0
     records = run(args.pattern, args.timeout)
     per_op, total = table(records)
     print(f"{'operator':<36}{'passed':>8}{'failed':>8}{'errored':>8}{'skipped':>8}")

@@ -2,36 +2,16 @@
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
+from elementwise_check import CAST_TYPES, FLOATS, INTS, randint, randn, rng, tol
 from kernel_check import check, reference, run_kernel
 from omrt.errors import ShapeError
 from omrt.kernels.base import ZERO_BYTES
-
-rng = np.random.default_rng(0)
-
-FLOATS = [np.float32, np.float64, np.float16]
-INTS = [np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64]
-
-
-def randn(*shape, dtype=np.float32):
-    return rng.standard_normal(shape).astype(dtype)
-
-
-def randint(*shape, dtype=np.int32, lo=-50, hi=50):
-    if np.dtype(dtype).kind == "u":
-        lo = 0
-    return rng.integers(lo, hi, shape).astype(dtype)
-
-
-def tol(dtype):
-    return {"rtol": 2e-3, "atol": 2e-3} if np.dtype(dtype) == np.float16 else {}
 
 
 # ----------------------------------------------------------------------------- unary
@@ -82,57 +62,6 @@ def test_unary_rejects_wrong_dtype():
         run_kernel("Sigmoid", [np.arange(3)])
     with pytest.raises(ShapeError, match="Not"):
         run_kernel("Not", [np.arange(3.0)])
-
-
-@pytest.mark.parametrize("dtype", FLOATS)
-@pytest.mark.parametrize("attrs", [{}, {"alpha": 0.5, "beta": 0.3}])
-def test_hard_sigmoid(dtype, attrs):
-    check("HardSigmoid", [randn(4, 5, dtype=dtype) * 5], attrs, **tol(dtype))
-    check("HardSigmoid", [randn(4, 5, dtype=dtype) * 5], attrs, opset=6, **tol(dtype))
-
-
-@pytest.mark.parametrize("dtype", FLOATS)
-@pytest.mark.parametrize("alpha", [None, 0.2, 0.0, -0.5, 3.0])
-def test_leaky_relu(dtype, alpha):
-    attrs = {} if alpha is None else {"alpha": alpha}
-    x = np.concatenate([randn(50_000, dtype=dtype), np.array([np.inf, 0, -0.0, np.nan], dtype)])
-    check("LeakyRelu", [x], attrs, **tol(dtype))
-
-
-# ----------------------------------------------------------------------------- Erf
-
-
-def erf_exact(x):
-    return np.array([math.erf(v) for v in np.asarray(x, np.float64).ravel()]).reshape(np.shape(x))
-
-
-def test_erf_float32_faithful():
-    x = np.concatenate([np.linspace(-6, 6, 40001), np.geomspace(1e-38, 6, 2000),
-                        -np.geomspace(1e-38, 6, 2000)]).astype(np.float32)
-    got = run_kernel("Erf", [x])[0]
-    want = erf_exact(x).astype(np.float32)
-    ulp = np.abs(got.astype(np.float64) - want) / np.spacing(np.abs(want))
-    assert ulp.max() <= 1
-    check("Erf", [x], rtol=3e-7, atol=1e-30)
-
-
-def test_erf_float64_accurate():
-    x = np.concatenate([np.linspace(-7, 7, 30001), np.geomspace(1e-300, 7, 2000)])
-    got = run_kernel("Erf", [x])[0]
-    want = erf_exact(x)
-    np.testing.assert_allclose(got, want, rtol=3e-15, atol=0)
-
-
-def test_erf_special_values_and_dtypes():
-    x = np.array([np.inf, -np.inf, np.nan, 0.0, -0.0, 1.5, -1.5, 4.0, 10.0], np.float32)
-    got = run_kernel("Erf", [x])[0]
-    assert got[0] == 1 and got[1] == -1 and np.isnan(got[2])
-    assert got[3] == 0 and np.signbit(got[4])
-    check("Erf", [x])
-    check("Erf", [randn(3, 4, dtype=np.float16)], rtol=1e-3)
-    check("Erf", [randint(10, dtype=np.int32, lo=-3, hi=3)])
-    # several chunks, in place
-    check("Erf", [randn(70_001) * 3])
 
 
 # ----------------------------------------------------------------------------- binary
@@ -340,9 +269,6 @@ def test_clip_nan():
 
 # ----------------------------------------------------------------------------- Cast
 
-CAST_TYPES = {1: np.float32, 2: np.uint8, 3: np.int8, 4: np.uint16, 5: np.int16, 6: np.int32,
-              7: np.int64, 9: np.bool_, 10: np.float16, 11: np.float64, 12: np.uint32, 13: np.uint64}
-
 
 @pytest.mark.parametrize("src", list(CAST_TYPES.values()))
 @pytest.mark.parametrize("to", list(CAST_TYPES))
@@ -497,110 +423,6 @@ def test_bitwise(dtype):
         run_kernel("BitwiseAnd", [randn(3), randn(3)])
 
 
-# ----------------------------------------------------------------------------- activations
-
-
-ACTIVATIONS = [
-    ("Elu", {}), ("Elu", {"alpha": 0.5}), ("Selu", {}), ("Selu", {"alpha": 2.0, "gamma": 0.5}),
-    ("Celu", {}), ("Celu", {"alpha": 2.5}), ("Softsign", {}), ("HardSwish", {}), ("Mish", {}),
-    ("Gelu", {}), ("Gelu", {"approximate": "tanh"}), ("ThresholdedRelu", {}),
-    ("ThresholdedRelu", {"alpha": -0.5}), ("Shrink", {}), ("Shrink", {"bias": 1.5, "lambd": 1.0}),
-    ("Swish", {}), ("Swish", {"alpha": 1.7}), ("Softplus", {}),
-]
-OPSET = {"Gelu": 20, "Swish": 24, "Mish": 18, "HardSwish": 14}
-
-
-@pytest.mark.parametrize("op,attrs", ACTIVATIONS)
-@pytest.mark.parametrize("dtype", FLOATS)
-def test_activation(op, attrs, dtype):
-    x = (randn(2, 3, 5, dtype=np.float64) * 4).astype(dtype)
-    check(op, [x], attrs, opset=max(OPSET.get(op, 21), 21) if op != "Swish" else 24, **tol(dtype))
-
-
-@pytest.mark.parametrize("op,attrs", ACTIVATIONS)
-def test_activation_chunks_and_specials(op, attrs):
-    """More than one chunk, the special values, and an empty tensor."""
-    x = np.concatenate([randn(40_000) * 5, np.array([0.0, -0.0, 1e-30, 30.0, -30.0], np.float32)])
-    check(op, [x], attrs, opset=OPSET.get(op, 21) if op == "Swish" else 21)
-    check(op, [np.zeros((2, 0), np.float32)], attrs, opset=24 if op == "Swish" else 21)
-    specials = np.array([np.nan, np.inf, -np.inf], np.float32)
-    got = run_kernel(op, [specials], attrs, opset=24 if op == "Swish" else 21)[0]
-    assert np.isnan(got[0]) or op in ("ThresholdedRelu", "Shrink")
-    if op not in ("Softsign", "Swish", "HardSwish", "Mish", "Gelu"):
-        np.testing.assert_allclose(got[1:], reference_specials(op, attrs), rtol=1e-6)
-
-
-def reference_specials(op, attrs):
-    """The limits at +inf and -inf."""
-    alpha = attrs.get("alpha", {"Selu": 1.67326319217681884765625}.get(op, 1.0))
-    gamma = attrs.get("gamma", 1.05070102214813232421875 if op == "Selu" else 1.0)
-    return {"Elu": [np.inf, -alpha], "Selu": [np.inf, -alpha * gamma], "Celu": [np.inf, -alpha],
-            "ThresholdedRelu": [np.inf, 0.0], "Shrink": [np.inf, -np.inf], "Softplus": [np.inf, 0.0]}[op]
-
-
-def test_activation_old_opsets():
-    x = randn(3, 4) * 3
-    for op in ("Elu", "Selu"):
-        check(op, [x], opset=6)
-    check("Celu", [x], opset=12)
-    check("ThresholdedRelu", [x], {"alpha": 0.3}, opset=10)
-    check("Shrink", [x], opset=9)
-    check("Softsign", [x], opset=1)
-    check("Softplus", [x], opset=1)
-
-
-def test_gelu_accuracy():
-    x = np.linspace(-8, 8, 50001)
-    want = np.array([0.5 * v * math.erfc(-v / math.sqrt(2)) for v in x])
-    got = run_kernel("Gelu", [x.astype(np.float32)], opset=20)[0]
-    np.testing.assert_allclose(got, want, rtol=3e-7, atol=1e-7)
-    got = run_kernel("Gelu", [x], opset=20)[0]  # float64 keeps relative accuracy in the tail
-    np.testing.assert_allclose(got, want, rtol=1e-12, atol=0)
-    # float32 goes through a table of the normal CDF: beyond it, at its nodes and between them
-    special = np.array([np.inf, -np.inf, np.nan, 0.0, -0.0, 1e30, -1e30, 1e-40, -7, 6, 3 + 1 / 2048,
-                        -5.99951171875], np.float32)
-    got = run_kernel("Gelu", [special], opset=20)[0]
-    with np.errstate(invalid="ignore"):
-        want = np.array([0.5 * v * math.erfc(-v / math.sqrt(2)) if math.isfinite(v) else v * (v > 0)
-                         for v in special.astype(np.float64)])
-    np.testing.assert_allclose(got, want, rtol=3e-7, atol=1e-7)
-    assert np.signbit(got[4]) and got[0] == np.inf
-    with pytest.raises(ShapeError, match="approximate"):
-        run_kernel("Gelu", [x], {"approximate": "fast"}, opset=20)
-
-
-@pytest.mark.parametrize("dtype", [np.int32, np.int64, np.uint8])
-def test_shrink_ints(dtype):
-    check("Shrink", [randint(30, dtype=dtype, lo=-10, hi=10)], {"bias": 2.0, "lambd": 3.0})
-
-
-@pytest.mark.parametrize("xs,ss", [((2, 3, 4, 5), (3, 1, 1)), ((2, 3, 4, 5), (5,)), ((2, 3), (1,)),
-                                   ((2, 3), ()), ((2, 3, 4), (2, 3, 4)), ((0, 3), (3,))])
-@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.int32, np.int64, np.uint32])
-def test_prelu(xs, ss, dtype):
-    x = randint(*xs, dtype=dtype, lo=-9, hi=9) if np.dtype(dtype).kind in "iu" else randn(*xs, dtype=dtype)
-    slope = randint(*ss, dtype=dtype, lo=-3, hi=3) if np.dtype(dtype).kind in "iu" else randn(*ss, dtype=dtype)
-    check("PRelu", [x, slope], **tol(dtype))
-    check("PRelu", [x, slope], opset=9, **tol(dtype))
-
-
-def test_prelu_rejects_two_way_broadcast():
-    with pytest.raises(ShapeError, match="slope"):
-        run_kernel("PRelu", [randn(2, 3, 4), randn(3)])
-    with pytest.raises(ShapeError, match="slope"):
-        run_kernel("PRelu", [randn(3, 1), randn(3, 4)])
-
-
-@pytest.mark.parametrize("xs", [(2, 3, 4), (2, 3, 4, 5), (1, 3, 2, 2, 2)])
-def test_prelu_per_channel_slope_of_models_upgraded_from_opset_6(xs):
-    x, slope = randn(*xs), randn(3)
-    got = run_kernel("PRelu", [x, slope], opset=7)[0]
-    channel = slope.reshape((3,) + (1,) * (len(xs) - 2))
-    np.testing.assert_array_equal(got, np.where(x < 0, x * channel, x))
-    with pytest.raises(ShapeError, match="slope"):
-        run_kernel("PRelu", [x, slope], opset=9)
-
-
 # ----------------------------------------------------------------------------- Mod, BitShift
 
 
@@ -687,67 +509,3 @@ def test_cast_unsupported_types_named():
         run_kernel("Cast", [randn(3)], {"to": 24}, opset=24)
     with pytest.raises(ShapeError, match="complex"):
         run_kernel("Cast", [randn(3)], {"to": 14})
-
-
-# ----------------------------------------------------------------------------- random
-
-
-@pytest.mark.parametrize("op", ["RandomNormal", "RandomUniform"])
-@pytest.mark.parametrize("dtype", [1, 10, 11])
-def test_random_fill(op, dtype):
-    attrs = {"shape": [200, 300], "dtype": dtype}
-    attrs.update({"mean": 2.0, "scale": 0.5} if op == "RandomNormal" else {"low": -1.0, "high": 3.0})
-    got = run_kernel(op, [], attrs)[0]
-    assert got.shape == (200, 300) and got.dtype == CAST_TYPES[dtype]
-    v = got.astype(np.float64)
-    if op == "RandomNormal":
-        assert abs(v.mean() - 2.0) < 0.02 and abs(v.std() - 0.5) < 0.02
-    else:
-        assert v.min() >= -1 and v.max() <= 3 and abs(v.mean() - 1.0) < 0.03
-
-
-@pytest.mark.parametrize("op", ["RandomNormalLike", "RandomUniformLike"])
-def test_random_like(op):
-    x = np.zeros((4, 5), np.float64)
-    got = run_kernel(op, [x])[0]
-    assert got.shape == (4, 5) and got.dtype == np.float64 and np.unique(got).size == 20
-    got = run_kernel(op, [x], {"dtype": 1})[0]
-    assert got.dtype == np.float32
-    with pytest.raises(ShapeError, match="float"):
-        run_kernel(op, [x], {"dtype": 6})
-
-
-def test_random_seed_reproducible_and_not_folded():
-    from omrt.kernels import lookup
-    a = run_kernel("RandomNormal", [], {"shape": [5], "seed": 3.0})[0]
-    b = run_kernel("RandomNormal", [], {"shape": [5], "seed": 3.0})[0]
-    c = run_kernel("RandomNormal", [], {"shape": [5], "seed": 4.0})[0]
-    np.testing.assert_array_equal(a, b)
-    assert not np.array_equal(a, c)
-    for op in ("RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike",
-               "Bernoulli", "Multinomial"):
-        assert lookup(op, 21).deterministic is False
-
-
-@pytest.mark.parametrize("dtype", [None, 1, 7, 9])
-def test_bernoulli(dtype):
-    p = np.tile(np.array([0.0, 1.0, 0.25, 0.8]), (2000, 1))
-    attrs = {} if dtype is None else {"dtype": dtype}
-    got = run_kernel("Bernoulli", [p], attrs)[0]
-    assert got.dtype == (np.float64 if dtype is None else CAST_TYPES[dtype]) and got.shape == p.shape
-    mean = got.astype(np.float64).mean(axis=0)
-    np.testing.assert_allclose(mean, [0.0, 1.0, 0.25, 0.8], atol=0.04)
-    assert set(np.unique(got.astype(np.float64))) <= {0.0, 1.0}
-
-
-@pytest.mark.parametrize("dtype", [None, 6, 7])
-def test_multinomial(dtype):
-    probs = np.array([[0.1, 0.2, 0.7], [0.5, 0.5, 0.0]])
-    logits = np.log(np.maximum(probs, 1e-30)).astype(np.float32) + 3.0
-    attrs = {"sample_size": 4000} | ({} if dtype is None else {"dtype": dtype})
-    got = run_kernel("Multinomial", [logits], attrs)[0]
-    assert got.shape == (2, 4000) and got.dtype == (np.int64 if dtype == 7 else np.int32)
-    for row, p in zip(got, probs):
-        np.testing.assert_allclose(np.bincount(row, minlength=3) / row.size, p, atol=0.04)
-    with pytest.raises(ShapeError):
-        run_kernel("Multinomial", [np.zeros(3, np.float32)])

@@ -13,8 +13,9 @@ from hypothesis import strategies as st
 from kernel_check import check, randn, reference, run_kernel
 import omrt
 from omrt.native.build import build
-from omrt.kernels import OpContext, TensorInfo, conv, lookup, winograd
+from omrt.kernels import OpContext, TensorInfo, lookup, winograd
 from omrt.kernels import native as native_module
+from omrt.kernels import window as window_module
 from omrt.native.loader import load
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -205,7 +206,7 @@ def test_native_conv_matches_numpy_path(native, threads, window, dilation, group
     x, weight = randn(n, 6, h, w), randn(filters, 6 // group, kh, kw)
     patch = pytest.MonkeyPatch()
     if rows_per_chunk:
-        patch.setattr(conv, "WORKSPACE_CAP", 6 * kh * kw * w * 4 * rows_per_chunk)
+        patch.setattr(window_module, "WORKSPACE_CAP", 6 * kh * kw * w * 4 * rows_per_chunk)
     try:
         assert _conv_kernel(x, weight, attrs, native).c_conv is not None
         agree("Conv", [x, weight] + ([randn(filters)] if bias else []), attrs, native)
@@ -240,9 +241,9 @@ def _runs_as_conv(kernel, x: np.ndarray, weight: np.ndarray) -> None:
 
 def test_winograd_in_a_plan_too_small_for_it_runs_as_a_conv(native):
     kernel, x, weight = _padded_winograd(64, 8, native)
-    assert kernel.c_winograd is not None and kernel.workspace() > kernel.conv_nbytes
-    assert not kernel.fit_workspace(kernel.conv_nbytes - 1)
-    assert kernel.fit_workspace(kernel.conv_nbytes) and kernel.c_winograd is None
+    assert kernel.c_winograd is not None and kernel.workspace() > kernel.conv_workspace_bytes
+    assert not kernel.fit_workspace(kernel.conv_workspace_bytes - 1)
+    assert kernel.fit_workspace(kernel.conv_workspace_bytes) and kernel.c_winograd is None
     _runs_as_conv(kernel, x, weight)
 
 

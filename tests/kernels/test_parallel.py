@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
 import omrt
-from omrt.kernels import OpContext, TensorInfo, conv, lookup, parallel
+from omrt.kernels import OpContext, TensorInfo, lookup, parallel, window
 
 from conftest import steady_state_peak
 from kernel_check import reference, run_kernel
@@ -141,7 +141,7 @@ def conv_kernel(x_shape, w_shape, attrs):
 
 
 def test_conv_threads_get_their_own_buffers_or_split_the_filters(split_everything, monkeypatch):
-    monkeypatch.setattr(conv, "WORKSPACE_CAP", 8192)
+    monkeypatch.setattr(window, "WORKSPACE_CAP", 8192)
     wide = conv_kernel((1, 4, 20, 20), (8, 4, 3, 3), {"pads": [1, 1, 1, 1]})
     step, buffer = wide._layout(2)
     assert buffer > 0 and wide.workspace() >= 2 * buffer
@@ -157,8 +157,8 @@ def test_conv_threads_get_their_own_buffers_or_split_the_filters(split_everythin
        dilation=st.integers(1, 2), bias=st.booleans(), relu=st.booleans(), cap=st.sampled_from([512, 4096, 1 << 20]))
 def test_conv_same_on_one_and_two_threads(n, group, cpg, mpg, size, k, stride, pad, dilation, bias, relu, cap):
     assume((k - 1) * dilation + 1 <= size + 2 * pad)
-    saved = parallel.MIN_FLOPS, conv.WORKSPACE_CAP
-    parallel.MIN_FLOPS, conv.WORKSPACE_CAP = 0, cap
+    saved = parallel.MIN_FLOPS, window.WORKSPACE_CAP
+    parallel.MIN_FLOPS, window.WORKSPACE_CAP = 0, cap
     try:
         x = RNG.standard_normal((n, group * cpg, size, size + 1)).astype(np.float32)
         w = RNG.standard_normal((group * mpg, cpg, k, k)).astype(np.float32)
@@ -170,7 +170,7 @@ def test_conv_same_on_one_and_two_threads(n, group, cpg, mpg, size, k, stride, p
         if not relu:
             np.testing.assert_allclose(got, reference("Conv", inputs, attrs)[0], rtol=1e-4, atol=1e-4)
     finally:
-        parallel.MIN_FLOPS, conv.WORKSPACE_CAP = saved
+        parallel.MIN_FLOPS, window.WORKSPACE_CAP = saved
 
 
 @pytest.mark.parametrize("x_shape, w_shape, attrs", [
@@ -250,7 +250,7 @@ def test_pools_same_on_one_and_two_threads(monkeypatch, op, shape, attrs, cap):
     from omrt.kernels import pool
 
     monkeypatch.setattr(pool, "SPLIT_BYTES", 0)
-    monkeypatch.setattr(conv, "WORKSPACE_CAP", cap)
+    monkeypatch.setattr(window, "WORKSPACE_CAP", cap)
     x = RNG.standard_normal(shape).astype(np.float32)
     got = same_on_two_threads(op, [x], attrs, rtol=0, atol=0)
     np.testing.assert_allclose(got, reference(op, [x], attrs)[0], rtol=1e-5, atol=1e-5)

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import omrt.kernels.conv as conv
+import omrt.kernels.window as window
 from omrt.errors import ShapeError
 from omrt.kernels import OpContext, TensorInfo, lookup
 from tests.kernel_check import check, run_kernel
@@ -319,7 +319,7 @@ def test_pools_flat_stages(xs, attrs):
 @pytest.mark.parametrize("xs,attrs", [FLAT_CASES[0], FLAT_CASES[6], POOL_CASES[2]])
 def test_pools_in_plane_blocks(monkeypatch, cap, xs, attrs):
     """Small workspace caps make the pools reduce a few (N, C) planes at a time."""
-    monkeypatch.setattr(conv, "WORKSPACE_CAP", cap)
+    monkeypatch.setattr(window, "WORKSPACE_CAP", cap)
     x = rand(*xs)
     (y, _) = run_kernel("MaxPool", [x], attrs)
     np.testing.assert_array_equal(y, spec_pool(x, "max", attrs)[0])

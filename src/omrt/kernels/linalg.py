@@ -98,7 +98,7 @@ class _Product:
             out = (a[0], *b[1:])
         self.shapes = (tuple(a), tuple(b), tuple(out))
         self.wide = _narrow(np.dtype(dtype))
-        self.nbytes = carve_size(*_wide(self.shapes)) if self.wide else 0
+        self.workspace_bytes = carve_size(*_wide(self.shapes)) if self.wide else 0
         native = ctx.native.get(MATMUL) if ctx is not None and ctx.native is not None else None
         self.native = native if np.dtype(dtype) == np.float32 else None
         self.act = activation_code(ctx.attrs) if self.native is not None and fuse else None
@@ -187,7 +187,7 @@ class MatMulBase(Kernel):
         self.product = _Product(a, b, y, outputs[0].dtype, fold=not any(ctx.attr(k) for k in PERMS), ctx=ctx)
 
     def workspace(self) -> int:
-        return self.product.nbytes
+        return self.product.workspace_bytes
 
     def views(self, inputs: Sequence[np.ndarray],
               out: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -284,7 +284,7 @@ class Gemm(Kernel):
             numel(c.shape) < numel(outputs[0].shape) or outputs[0].dtype.kind in "iu")
 
     def workspace(self) -> int:
-        return self.product.nbytes
+        return self.product.workspace_bytes
 
     def run(self, inputs, outputs, workspace):
         a, b, out = inputs[0], inputs[1], outputs[0]

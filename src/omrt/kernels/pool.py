@@ -2,7 +2,7 @@
 
 Windowed pools never loop over output pixels: they reduce one spatial dim at a time with one
 ufunc call per kernel tap over a strided (or flat, shifted) view, a block of (N, C) planes at a
-time; the window geometry is shared with the convolutions.
+time; the window geometry (`window`) is shared with the convolutions.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import numpy as np
 
 from ..errors import ShapeError
 from .base import Kernel, OpContext, TensorInfo, aligned, register
-from . import conv, parallel
-from .conv import Tap, Window, int_list, plane_scratch, sliding_window, window_of
+from . import parallel, window
+from .window import Tap, Window, int_list, plane_scratch, sliding_window, window_of
 from .native import I64, PTR, Function, address, threads_for
 
 _ALL = (Ellipsis,)
@@ -100,7 +100,7 @@ class _WindowPool(Kernel):
         self.planes = math.prod(x.shape[:2])
         self.plane_shapes = [w.out[:d + 1] + w.size[d + 1:] for d in range(nd - 1)]
         per_plane = sum(math.prod(sh) for sh in self.plane_shapes) * x.dtype.itemsize
-        self.block = max(1, min(self.planes, conv.WORKSPACE_CAP // max(per_plane, 1)))
+        self.block = max(1, min(self.planes, window.WORKSPACE_CAP // max(per_plane, 1)))
         self.traffic = x.nbytes * sum(w.kernel)
         self.stage_bytes = max(t * self._slot_bytes(self._block(t))
                                for t in range(1, parallel.MAX_SLOTS + 1))

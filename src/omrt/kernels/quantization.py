@@ -13,11 +13,12 @@ from __future__ import annotations
 from typing import Sequence
 
 import numpy as np
-from numpy.lib.stride_tricks import as_strided
 
 from ..errors import ShapeError
 from .base import (Kernel, OpContext, Shape, TensorInfo, broadcast_shapes, carve, carve_size, normalize_axis,
                    numel, onnx_dtype, register)
+from .conv import Conv, _kernel_shape
+from .window import Window, _chunks, strided_columns, window_of
 
 COLUMNS_CAP = 1 << 20
 """Upper bound (bytes) of the integer convolutions' column and result buffers; bigger layers are
@@ -359,112 +360,63 @@ class QLinearMatMul(_IntegerMatMul):
         _requantize(c, _scalar(inputs[7] if len(inputs) > 7 else None), outputs[0])
 
 
-class _ConvGeometry:
-    """Padding, output size and the im2col gather of an N-d convolution, from Conv's attributes.
+class _Columns:
+    """The im2col of an integer convolution over its Window, for one image at a time.
 
-    A private im2col for the integer convolutions: the padded image lives in the workspace (its
-    border is the zero point, i.e. 0 once the zero point is subtracted) and the columns of a
-    chunk of output rows are one strided copy of it, multiplied by one (grouped) matmul.
+    The image, its zero point taken off, lives padded in the workspace (its border is the zero
+    point, i.e. 0 once the zero point is subtracted); the columns of a chunk of output rows
+    (spatial dim 0, sized to stay under COLUMNS_CAP) are one strided copy of it, multiplied by one
+    (grouped) matmul.
     """
 
-    def __init__(self, ctx: OpContext, x: Shape, w: Shape) -> None:
-        nsp = len(x) - 2
-        if nsp < 1 or len(w) != len(x):
-            raise ShapeError(f"{ctx.name}: {ctx.op_type} needs x as N x C x D1.. and w as M x C/group x "
-                             f"k1.. of the same rank, got {x} and {w}")
-        self.kernel = tuple(ctx.attr("kernel_shape") or w[2:])
-        self.strides = tuple(ctx.attr("strides") or (1,) * nsp)
-        self.dilations = tuple(ctx.attr("dilations") or (1,) * nsp)
-        self.group = int(ctx.attr("group", 1))
-        auto_pad = ctx.attr("auto_pad", "NOTSET")
-        pads = tuple(ctx.attr("pads") or (0,) * 2 * nsp)
-        if isinstance(x[1], int) and isinstance(w[1], int) and x[1] != w[1] * self.group:
-            raise ShapeError(f"{ctx.name}: x has {x[1]} channels but w expects {w[1]} per group x "
-                             f"{self.group} groups; fix `group` or the weight shape")
-        self.begin: list[int] = []
-        self.end: list[int] = []
-        self.out: list[int | None] = []
-        for i in range(nsp):
-            size, k, s, d = x[2 + i], self.kernel[i], self.strides[i], self.dilations[i]
-            span = (k - 1) * d + 1
-            if not isinstance(size, int):
-                self.begin.append(0)
-                self.end.append(0)
-                self.out.append(None)
-                continue
-            if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
-                out = -(-size // s)
-                total = max(0, (out - 1) * s + span - size)
-                small = total // 2
-                lead = small if auto_pad == "SAME_UPPER" else total - small
-                self.begin.append(lead)
-                self.end.append(total - lead)
-            elif auto_pad == "VALID":
-                self.begin.append(0)
-                self.end.append(0)
-            else:
-                self.begin.append(pads[i])
-                self.end.append(pads[nsp + i])
-            out = (size + self.begin[i] + self.end[i] - span) // s + 1
-            if out < 1:
-                raise ShapeError(f"{ctx.name}: spatial dim {i} of size {size} is smaller than the "
-                                 f"dilated kernel {span} after padding; pad more or use a smaller "
-                                 f"kernel")
-            self.out.append(out)
-
-    def output_shape(self, x: Shape, w: Shape) -> Shape:
-        return (x[0], w[0], *self.out)
-
-    def plan(self, x: Shape, w: Shape) -> None:
-        """Concrete buffers for one image: padded input, weights, and columns and result for a
-        chunk of output rows (spatial dim 0) sized to stay under COLUMNS_CAP."""
+    def __init__(self, win: Window, group: int, x: Shape, w: Shape) -> None:
+        self.win = win
+        self.group = group
         c, m = x[1], w[0]
-        self.padded = (c, *(n + b + e for n, b, e in zip(x[2:], self.begin, self.end)))
-        self.interior = (slice(None), *(slice(b, b + n) for b, n in zip(self.begin, x[2:])))
-        self.depth = c // self.group * numel(self.kernel)
-        self.weights = (self.group, m // self.group, self.depth)
-        self.inner = numel(self.out[1:])
-        row_bytes = (c * numel(self.kernel) + m) * self.inner * 8
-        self.step = max(1, min(self.out[0], COLUMNS_CAP // max(row_bytes, 1)))
-        self.cols = (self.group * self.depth * self.step * self.inner,)
+        self.padded = (c, *(n + b + e for n, b, e in zip(x[2:], win.begin, win.end)))
+        self.interior = (slice(None), *(slice(b, b + n) for b, n in zip(win.begin, x[2:])))
+        self.depth = c // group * numel(win.kernel)
+        self.weights = (group, m // group, self.depth)
+        self.inner = numel(win.out[1:])
+        row_bytes = (c * numel(win.kernel) + m) * self.inner * 8
+        self.step = max(1, min(win.out[0], COLUMNS_CAP // max(row_bytes, 1)))
+        self.cols = (group * self.depth * self.step * self.inner,)
         self.result = (m * self.step * self.inner,)
 
     def im2col(self, padded: np.ndarray, rows: tuple[int, int], cols: np.ndarray) -> np.ndarray:
         """Columns of output rows [r0, r1): cols[c, k.., o..] = padded[c, o*s + k*d], as (g, depth, L)."""
-        r0, r1 = rows
-        start = padded[:, r0 * self.strides[0]:]
-        item = start.strides
-        shape = (start.shape[0], *self.kernel, r1 - r0, *self.out[1:])
-        strides = (item[0], *(st * d for st, d in zip(item[1:], self.dilations)),
-                   *(st * s for st, s in zip(item[1:], self.strides)))
-        view = cols[:numel(shape)].reshape(shape)
-        np.copyto(view, as_strided(start, shape, strides, writeable=False))
+        columns = strided_columns(padded, self.win, *rows)
+        view = cols[:columns.size].reshape(columns.shape)
+        np.copyto(view, columns)
         return view.reshape(self.group, self.depth, -1)
 
 
 class _IntegerConv(Kernel):
     """Shared body of ConvInteger and QLinearConv: (x - x_zp) conv (w - w_zp) exactly, in float64.
 
-    The zero-point-free image is kept as int16 (|x - x_zp| <= 255); columns and products are
-    float64, a chunk of output rows at a time.
+    The output shape, the checks of the inputs and the window are Conv's. The zero-point-free
+    image is kept as int16 (|x - x_zp| <= 255); columns and products are float64, a chunk of
+    output rows at a time.
     """
 
     slots: tuple[int, int, int, int]
     """Input indices of x, w, x_zero_point, w_zero_point."""
 
     @classmethod
-    def geometry(cls, ctx: OpContext, inputs: Sequence[TensorInfo | None]) -> _ConvGeometry:
-        return _ConvGeometry(ctx, inputs[cls.slots[0]].shape, inputs[cls.slots[1]].shape)
+    def output_shape(cls, ctx: OpContext, inputs: Sequence[TensorInfo | None]) -> Shape:
+        """Conv's output shape for this node's x and w (after Conv's checks of them)."""
+        return Conv.infer(ctx, [inputs[cls.slots[0]], inputs[cls.slots[1]]])[0].shape
 
     def __init__(self, ctx: OpContext, inputs: Sequence[TensorInfo | None],
                  outputs: Sequence[TensorInfo]) -> None:
         super().__init__(ctx, inputs, outputs)
-        x, w = inputs[self.slots[0]].shape, inputs[self.slots[1]].shape
-        self.geo = self.geometry(ctx, inputs)
-        self.geo.plan(x, w)
+        x, w = inputs[self.slots[0]], inputs[self.slots[1]]
+        win = window_of(ctx, x.shape[2:], [int(k) for k in _kernel_shape(ctx, w)])
+        self.columns = _Columns(win, int(ctx.attr("group", 1)), x.shape, w.shape)
         f64 = np.dtype(np.float64)
-        g = self.geo
-        self.specs = ((g.padded, np.dtype(np.int16)), (g.weights, f64), (g.cols, f64), (g.result, f64))
+        columns = self.columns
+        self.specs = ((columns.padded, np.dtype(np.int16)), (columns.weights, f64), (columns.cols, f64),
+                      (columns.result, f64))
 
     def workspace(self) -> int:
         return carve_size(*self.specs)
@@ -486,20 +438,20 @@ class _IntegerConv(Kernel):
         if zx is not None and zx.size > 1:
             zx = zx.reshape(-1, *(1,) * (x.ndim - 2))
         padded.fill(0)
-        inner = padded[self.geo.interior]
-        geo = self.geo
+        columns = self.columns
+        inner = padded[columns.interior]
+        rows = columns.win.out[0]
         for n in range(x.shape[0]):
             if zx is None:
                 np.copyto(inner, x[n], casting="unsafe")
             else:
                 np.subtract(x[n], zx, out=inner, dtype=np.int16, casting="unsafe")
-            target = y[n].reshape(m, geo.out[0], geo.inner)
-            for r0 in range(0, geo.out[0], geo.step):
-                r1 = min(r0 + geo.step, geo.out[0])
-                cols_chunk = geo.im2col(padded, (r0, r1), cols)
-                out = res[:m * cols_chunk.shape[2]].reshape(geo.group, m // geo.group, -1)
+            target = y[n].reshape(m, rows, columns.inner)
+            for r0, r1 in _chunks(rows, columns.step):
+                cols_chunk = columns.im2col(padded, (r0, r1), cols)
+                out = res[:m * cols_chunk.shape[2]].reshape(columns.group, m // columns.group, -1)
                 np.matmul(wf, cols_chunk, out=out)
-                yield out.reshape(m, r1 - r0, geo.inner), target[:, r0:r1]
+                yield out.reshape(m, r1 - r0, columns.inner), target[:, r0:r1]
 
 
 @register("ConvInteger", since=10)
@@ -510,7 +462,7 @@ class ConvInteger(_IntegerConv):
 
     @classmethod
     def infer(cls, ctx: OpContext, inputs: Sequence[TensorInfo | None]) -> list[TensorInfo]:
-        shape = cls.geometry(ctx, inputs).output_shape(inputs[0].shape, inputs[1].shape)
+        shape = cls.output_shape(ctx, inputs)
         return [TensorInfo(np.dtype(np.int32), shape)]
 
     def run(self, inputs, outputs, workspace):
@@ -526,7 +478,7 @@ class QLinearConv(_IntegerConv):
 
     @classmethod
     def infer(cls, ctx: OpContext, inputs: Sequence[TensorInfo | None]) -> list[TensorInfo]:
-        shape = cls.geometry(ctx, inputs).output_shape(inputs[0].shape, inputs[3].shape)
+        shape = cls.output_shape(ctx, inputs)
         y_zp = inputs[7] if len(inputs) > 7 else None
         return [TensorInfo(y_zp.dtype if y_zp is not None else inputs[0].dtype, shape)]
 

@@ -359,9 +359,9 @@ class _ResizeBase(Kernel):
         x = inputs[0]
         if x.static:
             values = [i.value if i is not None else None for i in inputs]
-            geo = self.geometry(ctx, x.shape, values, inputs)
-            if geo is not None:
-                self.resampler = self.make_resampler(x.shape, x.dtype, geo)
+            geometry = self.geometry(ctx, x.shape, values, inputs)
+            if geometry is not None:
+                self.resampler = self.make_resampler(x.shape, x.dtype, geometry)
 
     @classmethod
     def resize_params(cls, ctx: OpContext) -> ResizeParams:
@@ -381,15 +381,16 @@ class _ResizeBase(Kernel):
             raise ShapeError(f"{ctx.name}: {params.mode} {ctx.op_type} needs a numeric input, got "
                              f"{x.dtype}; use mode 'nearest' or Cast the input")
         values = [i.value if i is not None else None for i in inputs]
-        geo = cls.geometry(ctx, x.shape, values, inputs)
-        shape = geo.out_shape if geo is not None else (None,) * x.rank
+        geometry = cls.geometry(ctx, x.shape, values, inputs)
+        shape = geometry.out_shape if geometry is not None else (None,) * x.rank
         return [TensorInfo(x.dtype, tuple(shape))]
 
-    def make_resampler(self, shape: tuple[int, ...], dtype: np.dtype, geo: ResizeGeometry) -> Resampler:
+    def make_resampler(self, shape: tuple[int, ...], dtype: np.dtype, geometry: ResizeGeometry) -> Resampler:
         """The plans for one input shape and geometry."""
         ct = interp_dtype(dtype)
         plans = []
-        for axis, (n_in, n_out, scale, roi) in enumerate(zip(shape, geo.out_shape, geo.scales, geo.roi)):
+        for axis, (n_in, n_out, scale, roi) in enumerate(zip(shape, geometry.out_shape, geometry.scales,
+                                                             geometry.roi)):
             crop = self.params.coord == "tf_crop_and_resize" and roi != (0.0, 1.0)
             if n_out == n_in and math.isclose(scale, 1.0) and not crop:
                 continue
@@ -397,7 +398,7 @@ class _ResizeBase(Kernel):
                 raise ShapeError(f"{self.ctx.name}: cannot resize the empty axis {axis} to {n_out}")
             if n_out:
                 plans.append(axis_plan(self.params, axis, n_in, n_out, scale, roi, ct))
-        return Resampler(shape, tuple(geo.out_shape), dtype, plans, self.params)
+        return Resampler(shape, tuple(geometry.out_shape), dtype, plans, self.params)
 
     def workspace(self) -> int:
         if self.resampler is not None:
@@ -413,8 +414,8 @@ class _ResizeBase(Kernel):
             resampler = self.cache.get(key)
             if resampler is None:
                 infos = [TensorInfo.of(v) if v is not None else None for v in values]
-                geo = self.geometry(self.ctx, x.shape, values, infos)
-                resampler = self.cache[key] = self.make_resampler(x.shape, x.dtype, geo)
+                geometry = self.geometry(self.ctx, x.shape, values, infos)
+                resampler = self.cache[key] = self.make_resampler(x.shape, x.dtype, geometry)
         if resampler.out_shape != outputs[0].shape:
             raise ShapeError(f"{self.ctx.name}: Resize output buffer has shape {outputs[0].shape}, "
                              f"the scales/sizes give {resampler.out_shape}")

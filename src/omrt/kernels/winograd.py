@@ -18,8 +18,9 @@ import numpy as np
 
 from . import parallel
 from .base import OpContext, TensorInfo, aligned, register
-from .conv import Conv, window_of
+from .conv import Conv
 from .native import F32, I64, PTR, Function, activation_code, address, threads_for
+from .window import window_of
 
 WINOGRAD = Function("winograd", "omrt_winograd_f32", (PTR,) * 5 + (I64,) * 16 + (F32, F32), blas=True)
 
@@ -76,8 +77,9 @@ class WinogradConv(Conv):
         self.tiles = tw * -(-oh // 2)
         self.rows_bytes = aligned(max(8 * (2 * tw + 2), 4 * tw) * 4)
         plans = {t: self._plan(t) for t in range(1, parallel.MAX_SLOTS + 1)}
-        self.conv_nbytes = self.nbytes
-        self.nbytes = max(self.nbytes, max(v * shared + t * slot for t, (v, slot, _, shared) in plans.items()))
+        self.conv_workspace_bytes = self.workspace_bytes
+        self.workspace_bytes = max(self.workspace_bytes,
+                                   max(v * shared + t * slot for t, (v, slot, _, shared) in plans.items()))
         act = activation_code(ctx.attrs)
         fn = ctx.native.get(WINOGRAD) if ctx.native is not None else None
         self.c_winograd = None
@@ -88,9 +90,9 @@ class WinogradConv(Conv):
 
     def fit_workspace(self, nbytes: int) -> bool:
         """A plan too small for the Winograd scratch (an older omrt's) runs the layer as a Conv."""
-        if self.nbytes > nbytes:
+        if self.workspace_bytes > nbytes:
             self.c_winograd = None
-            self.nbytes = self.conv_nbytes
+            self.workspace_bytes = self.conv_workspace_bytes
         return super().fit_workspace(nbytes)
 
     def _products(self, filters: int, tiles: int) -> int:
