@@ -19,8 +19,8 @@ from omrt.format import kernelstore
 from omrt.native import build as native_build
 from omrt.native import loader
 from omrt.format import HEADER, OmFile, Part
-from omrt.kernels import native
-from omrt.kernels.native import KERNEL_ABI
+from omrt.kernels import parallel
+from omrt.native.library import kernel_abi
 from conftest import mlp_model, run_without_onnx
 
 RNG = np.random.default_rng(3)
@@ -70,7 +70,7 @@ def test_compile_packs_only_the_units_the_model_uses(cnn_om, tmp_path):
     records = kernelstore.unpack(memoryview(_kernels_partition(cnn_om)), cnn_om)
     assert [(r.kind, r.name, r.vendor, r.units) for r in records] == [(1, "omrt-native", "omrt", ["conv", "pool"])]
     target = records[0].target
-    assert target["abi"] == KERNEL_ABI and target["os"] and target["compiler"]
+    assert target["abi"] == kernel_abi() and target["os"] and target["compiler"]
     assert records[0].data[:4] == b"\x7fELF"
     with open(cnn_om, "rb") as f:
         assert HEADER.unpack(f.read(HEADER.size))[3] == 1  # flags: kind 1 (native library) present
@@ -93,7 +93,7 @@ def test_untrusted_kernels_do_not_run_and_say_how_to_trust(cnn_om):
     trusted = omrt.load(cnn_om, trust_kernels=True)
     assert trusted.kernels[0].status == "loaded" and trusted.native is not None
     depthwise, dense = (k for k in trusted.default.kernels if type(k).__name__ == "Conv")
-    assert depthwise.c_depthwise is not None and dense.c_im2col is not None
+    assert depthwise.native_depthwise is not None and dense.native_im2col is not None
     want = reference(x)
     for model in (plain, trusted):
         np.testing.assert_allclose(model.session().run({"x": x})["y"], want, rtol=1e-5, atol=1e-5)
@@ -136,7 +136,7 @@ def test_failing_c_compiler_warns_with_its_message(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("change, why", [
-    ({"abi": KERNEL_ABI + 1}, f"built for kernel ABI {KERNEL_ABI + 1}, this omrt has {KERNEL_ABI}"),
+    ({"abi": "0123456789abcdef"}, f"built for kernel ABI 0123456789abcdef, this omrt has {kernel_abi()}"),
     ({"os": "Plan9"}, "built for Plan9, this host runs"),
     ({"libc_version": "999.0"}, "needs glibc 999.0, this host has"),
 ])
@@ -233,7 +233,7 @@ def test_winograd_network_matches_reference(cnn_om, tmp_path, threads):
             assert [n.op_type for n in model.graph.nodes].count("WinogradConv") == 2
             assert model.kernels[0].units == ["pool", "winograd"]
             convs = [k for k in model.default.kernels if type(k).__name__ == "WinogradConv"]
-            assert all((k.c_winograd is not None) == trust for k in convs)
+            assert all((k.native_winograd is not None) == trust for k in convs)
             got = model.session().run({"x": x})["y"]
             np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
     finally:
@@ -243,8 +243,8 @@ def test_winograd_network_matches_reference(cnn_om, tmp_path, threads):
 def test_native_workers_serve_concurrent_runs_and_forked_children(cnn_om, monkeypatch):
     """Sessions on several Python threads share the native workers (a call that finds them busy
     runs its own items), and a forked child makes workers of its own."""
-    monkeypatch.setattr(native, "SPLIT_FLOPS", 0)
-    monkeypatch.setattr(native, "SPLIT_BYTES", 0)
+    monkeypatch.setattr(parallel, "NATIVE_SPLIT_FLOPS", 0)
+    monkeypatch.setattr(parallel, "NATIVE_SPLIT_BYTES", 0)
     model = omrt.load(cnn_om, trust_kernels=True)
     xs = [RNG.standard_normal((1, 8, 12, 12)).astype(np.float32) for _ in range(4)]
     want = [reference(x) for x in xs]

@@ -219,7 +219,7 @@ def interleave(fns: Mapping[str, Callable[[], Any]], runs: int, block: int, budg
 def measure_threads(target: Target, threads: int, runs: int, warmup: int, block: int = 5,
                     budget: float = math.inf, settle: float = SETTLE_S) -> dict:
     """Time omrt, and ORT run() and IOBinding when onnxruntime is installed, on `threads` threads."""
-    from .kernels.parallel import blas_threads
+    from .native.blas import blas_threads
 
     ort = import_ort()
     sess, feeds = target.session, target.feeds

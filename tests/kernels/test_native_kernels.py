@@ -1,4 +1,4 @@
-"""The native C loops (kernels/csrc) against the numpy paths of the same kernels (themselves checked
+"""The native C loops (native/csrc) against the numpy paths of the same kernels (themselves checked
 against onnx.reference in the family tests), over many window geometries."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from kernel_check import check, randn, reference, run_kernel
 import omrt
 from omrt.native.build import build
 from omrt.kernels import OpContext, TensorInfo, lookup, winograd
-from omrt.kernels import native as native_module
+from omrt.kernels import parallel
 from omrt.kernels import window as window_module
 from omrt.native.loader import load
 
@@ -58,8 +58,8 @@ def threads(request):
     """Run at request.param threads, splitting even the tiny layers of these tests."""
     omrt.set_num_threads(request.param)
     patch = pytest.MonkeyPatch()
-    patch.setattr(native_module, "SPLIT_FLOPS", 0)
-    patch.setattr(native_module, "SPLIT_BYTES", 0)
+    patch.setattr(parallel, "NATIVE_SPLIT_FLOPS", 0)
+    patch.setattr(parallel, "NATIVE_SPLIT_BYTES", 0)
     yield request.param
     patch.undo()
     omrt.set_num_threads(1)
@@ -85,7 +85,7 @@ def _uses_native(op_type: str, x: np.ndarray, w: np.ndarray | None, attrs: dict,
     infos = [TensorInfo(a.dtype, a.shape) for a in ([x] if w is None else [x, w])]
     cls = lookup(op_type, 21)
     kernel = cls(ctx, infos, cls.infer(ctx, infos))
-    return (kernel.c_pool if op_type != "Conv" else kernel.c_depthwise) is not None
+    return (kernel.native_pool if op_type != "Conv" else kernel.native_depthwise) is not None
 
 
 @st.composite
@@ -185,7 +185,7 @@ def test_im2col_gather_matches_numpy_path(native_without_blas, window, dilation,
     attrs = {**attrs, "dilations": [dilation, dilation], "group": group}
     x, weight = randn(2, 4, h, w), randn(6, 4 // group, kh, kw)
     kernel = _conv_kernel(x, weight, attrs, native_without_blas)
-    assert kernel.c_im2col is not None and kernel.c_conv is None
+    assert kernel.native_im2col is not None and kernel.native_conv is None
     agree("Conv", [x, weight] + ([randn(6)] if bias else []), attrs, native_without_blas)
 
 
@@ -208,7 +208,7 @@ def test_native_conv_matches_numpy_path(native, threads, window, dilation, group
     if rows_per_chunk:
         patch.setattr(window_module, "WORKSPACE_CAP", 6 * kh * kw * w * 4 * rows_per_chunk)
     try:
-        assert _conv_kernel(x, weight, attrs, native).c_conv is not None
+        assert _conv_kernel(x, weight, attrs, native).native_conv is not None
         agree("Conv", [x, weight] + ([randn(filters)] if bias else []), attrs, native)
     finally:
         patch.undo()
@@ -220,7 +220,7 @@ def test_native_conv_matches_numpy_path(native, threads, window, dilation, group
 def test_native_pointwise_conv_matches_reference(native, threads, shape, filters, group):
     """1x1 layers multiply the input in place of columns, split along filters or positions."""
     x, weight, bias = randn(*shape), randn(filters, shape[1] // group, 1, 1), randn(filters)
-    assert _conv_kernel(x, weight, {"group": group}, native).c_conv is not None
+    assert _conv_kernel(x, weight, {"group": group}, native).native_conv is not None
     check("Conv", [x, weight, bias], {"group": group}, native=native, rtol=1e-4, atol=1e-4)
 
 
@@ -241,15 +241,15 @@ def _runs_as_conv(kernel, x: np.ndarray, weight: np.ndarray) -> None:
 
 def test_winograd_in_a_plan_too_small_for_it_runs_as_a_conv(native):
     kernel, x, weight = _padded_winograd(64, 8, native)
-    assert kernel.c_winograd is not None and kernel.workspace() > kernel.conv_workspace_bytes
+    assert kernel.native_winograd is not None and kernel.workspace() > kernel.conv_workspace_bytes
     assert not kernel.fit_workspace(kernel.conv_workspace_bytes - 1)
-    assert kernel.fit_workspace(kernel.conv_workspace_bytes) and kernel.c_winograd is None
+    assert kernel.fit_workspace(kernel.conv_workspace_bytes) and kernel.native_winograd is None
     _runs_as_conv(kernel, x, weight)
 
 
 def test_winograd_without_blas_runs_as_a_conv(native_without_blas):
     kernel, x, weight = _padded_winograd(16, 6, native_without_blas)
-    assert kernel.c_winograd is None
+    assert kernel.native_winograd is None
     _runs_as_conv(kernel, x, weight)
 
 
@@ -279,7 +279,7 @@ def test_winograd_conv_matches_reference(native, monkeypatch, n, c, f, h, w, pad
         infos = [TensorInfo(x.dtype, x.shape), TensorInfo(weight.dtype, weight.shape),
                  None if b is None else TensorInfo(b.dtype, b.shape), TensorInfo(u.dtype, u.shape)]
         kernel = winograd.WinogradConv(ctx, infos, winograd.WinogradConv.infer(ctx, infos))
-        assert kernel.c_winograd is not None
+        assert kernel.native_winograd is not None
         y = np.full(kernel.outputs[0].shape, np.nan, np.float32)
         kernel.run([x, weight, b, u], [y], np.full(kernel.workspace(), 0xCD, np.uint8))
     finally:
@@ -370,7 +370,7 @@ def test_native_product_leaves_what_it_cannot_fuse_to_numpy(native, attrs, bias_
     kernel.product.native = lambda *args: calls.append(args) or c_matmul(*args)
     y = np.full((17, 24), np.nan, np.float32)
     kernel.run([a, b, bias], [y], None)
-    assert len(calls) == 1 and calls[0][2] == 0 and calls[0][-3:] == (0, 0.0, 0.0)
+    assert len(calls) == 1 and calls[0][2] is None and calls[0][-3:] == (0, 0.0, 0.0)
     np.testing.assert_allclose(y, run_kernel("FusedMatMul", [a, b, bias], attrs, 1, domain="omrt")[0],
                                rtol=1e-5, atol=1e-5)
 
@@ -415,7 +415,7 @@ def test_native_gelu_gives_the_numpy_paths_bits(native, threads, n, scale):
     x[:4] = [np.nan, np.inf, -np.inf, 0.0][:min(4, n)]
     ctx = OpContext({}, 20, name="t", op_type="Gelu", native=native)
     infos = [TensorInfo(x.dtype, x.shape)]
-    assert lookup("Gelu", 20)(ctx, infos, lookup("Gelu", 20).infer(ctx, infos)).c_gelu is not None
+    assert lookup("Gelu", 20)(ctx, infos, lookup("Gelu", 20).infer(ctx, infos)).native_gelu is not None
     got = run_kernel("Gelu", [x], {}, 20, native=native)[0]
     np.testing.assert_array_equal(got, run_kernel("Gelu", [x], {}, 20)[0])
     np.testing.assert_allclose(got[4:], reference("Gelu", [x[4:]], {}, 20)[0], rtol=1e-6, atol=1e-7)

@@ -13,6 +13,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import omrt
 from omrt.kernels import OpContext, TensorInfo, lookup, parallel, window
+from omrt.native.blas import OpenBlas, blas_threads
 
 from conftest import steady_state_peak
 from kernel_check import reference, run_kernel
@@ -92,24 +93,24 @@ def test_thread_count_must_be_positive():
 
 
 def test_blas_is_pinned_to_one_thread_and_given_back():
-    before = parallel.blas_threads()
+    before = blas_threads()
     if before is None:
         pytest.skip("numpy here does not use OpenBLAS")
     omrt.set_num_threads(2)
     try:
         assert omrt.get_num_threads() == 2
-        assert parallel.blas_threads() == 1
+        assert blas_threads() == 1
         omrt.set_num_threads(3)
-        assert parallel.blas_threads() == 1
+        assert blas_threads() == 1
     finally:
         omrt.set_num_threads(1)
-    assert parallel.blas_threads() == before
+    assert blas_threads() == before
 
 
 def test_without_openblas_threads_still_work_with_a_warning(monkeypatch):
-    blas = parallel._Blas.__new__(parallel._Blas)
+    blas = OpenBlas.__new__(OpenBlas)
     blas.set = blas.get = None
-    monkeypatch.setattr(parallel, "_blas", blas)
+    monkeypatch.setattr(parallel, "openblas", lambda: blas)
     with pytest.warns(RuntimeWarning, match="no OpenBLAS library"):
         omrt.set_num_threads(2)
     try:

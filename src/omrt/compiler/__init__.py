@@ -18,7 +18,7 @@ from ..format.kernelstore import Packed, kinds_flag, pack
 from ..format.modeldef import encode, weight_layout, weights
 from ..ir import Graph
 from ..kernels import lookup
-from ..kernels.native import KERNEL_ABI
+from ..native.library import kernel_abi
 from ..native import build
 from ..plan import Program, lower, propagate
 from .importer import import_model, load_model
@@ -38,7 +38,7 @@ class CompileResult:
 
 
 def _environment() -> dict[str, str]:
-    return {"omrt": __version__, "kernel_abi": str(KERNEL_ABI), "python": platform.python_version(),
+    return {"omrt": __version__, "kernel_abi": kernel_abi(), "python": platform.python_version(),
             "numpy": np.__version__, "onnx": onnx.__version__, "os": platform.system(),
             "machine": platform.machine(), "byteorder": "little"}
 

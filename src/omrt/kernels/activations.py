@@ -15,9 +15,10 @@ from typing import ClassVar, Sequence
 import numpy as np
 
 from ..errors import ShapeError
+from ..native.bindings import GELU
+from . import parallel
 from .base import OpContext, TensorInfo, aligned, numel, register
 from .elementwise import FLOAT, NUMERIC, Binary, Unary, _check_kind, _check_same_dtype
-from .native import I64, PTR, Function, address, threads_for
 
 
 # ----------------------------------------------------------------------------- single-pass activations
@@ -287,8 +288,6 @@ class Erf(ErfBased):
 # which numpy does slowly. Eleven float32 passes, two of them gathers, instead of thirty in float64.
 _GELU_LO, _GELU_HI, _GELU_STEPS = -7, 6, 1024
 _ROUNDER = np.float32(1.5 * 2 ** 23)
-GELU = Function("elementwise", "omrt_gelu_f32", (PTR,) * 4 + (I64,) * 2)
-"""The same arithmetic in C (csrc/elementwise.c), for float32 on the native workers."""
 _GELU_TABLE: list[np.ndarray] = []
 
 
@@ -330,20 +329,20 @@ class Gelu(ErfBased):
     def __init__(self, ctx, inputs, outputs):
         self.tanh = ctx.attr("approximate", "none") == "tanh"
         super().__init__(ctx, inputs, outputs)
-        self.c_gelu = None
+        self.native_gelu = None
+        """The same arithmetic in C (csrc/elementwise.c), for float32 on the native workers."""
         if not (self.tanh or self.double):
             self.cdf, self.slope = _gelu_table()
             self.bias = np.int64(_ROUNDER.view(np.int32)) + _GELU_LO * _GELU_STEPS
             if ctx.native is not None and inputs[0].dtype == np.float32:
-                self.c_gelu = ctx.native.get(GELU)
+                self.native_gelu = ctx.native.get(GELU)
 
     def run(self, inputs, outputs, workspace):
         x, out = inputs[0], outputs[0]
-        if self.c_gelu is None or not (x.flags.c_contiguous and out.flags.c_contiguous):
+        if self.native_gelu is None or not (x.flags.c_contiguous and out.flags.c_contiguous):
             super().run(inputs, outputs, workspace)
             return
-        self.c_gelu(address(x), address(out), address(self.cdf), address(self.slope), x.size,
-                    threads_for(nbytes=x.nbytes))
+        self.native_gelu(x, out, self.cdf, self.slope, x.size, parallel.native_threads(nbytes=x.nbytes))
 
     def work_dtype(self, dtype):
         return Pointwise.work_dtype(self, dtype) if self.tanh else super().work_dtype(dtype)

@@ -51,7 +51,7 @@ class OpContext:
     captures: int = 0
     """How many of the node's inputs, at the end, are outer values its sub-graphs read."""
     native: Any = None
-    """The model's native library (`omrt.kernels.native.Library`) when it packs one and the caller
+    """The model's native library (`omrt.native.library.Library`) when it packs one and the caller
     trusts it; None otherwise, and always at compile time."""
 
     def attr(self, key: str, default: Any = None) -> Any:
@@ -76,7 +76,7 @@ class Kernel:
     fuses: ClassVar[frozenset[str]] = frozenset()
     """Activations (from FUSED_ACTIVATIONS) this kernel applies to its output when fused into it."""
     native_units: ClassVar[tuple[str, ...]] = ()
-    """C units (`kernels/csrc/<unit>.c`) this kernel can hand work to; `omrt compile` packs them."""
+    """C units (`native/csrc/<unit>.c`) this kernel can hand work to; `omrt compile` packs them."""
 
     def __init__(self, ctx: OpContext, inputs: Sequence[TensorInfo | None],
                  outputs: Sequence[TensorInfo]) -> None:

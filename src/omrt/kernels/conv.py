@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -18,7 +18,7 @@ from ..errors import ShapeError
 from . import parallel, window
 from .base import (FUSED_ACTIVATIONS, Dim, Kernel, OpContext, TensorInfo, aligned, apply_activation,
                    register)
-from .native import F32, I64, PTR, Function, activation_code, address, threads_for
+from ..native.bindings import CONV2D, DWCONV2D, IM2COL2D, activation_code
 from .window import (_Chunk, _chunks, _plan_chunks, _row_chunks, plane_scratch, sliding_window,
                      strided_columns, window_of)
 
@@ -30,11 +30,6 @@ of the zero-padded image (in the workspace) instead of one copy per tap: 2x fast
 SPLIT_PASS_BYTES = 1 << 21
 """Outputs at least this big get their bias and activation pass on all of omrt's threads; on
 smaller ones the pass costs less than a handoff."""
-
-DWCONV2D = Function("conv", "omrt_dwconv2d_f32", (PTR,) * 5 + (I64,) * 18 + (F32, F32))
-IM2COL2D = Function("conv", "omrt_im2col_f32", (PTR, PTR) + (I64,) * 15)
-CONV2D = Function("conv", "omrt_conv2d_f32", (PTR,) * 5 + (I64,) * 20 + (F32, F32), blas=True)
-
 
 def _cuts(groups: int, filters: int, positions: int, parts: int) -> list[tuple[slice, slice, slice]]:
     """(groups, filters, positions) ranges of `parts` independent GEMMs covering a grouped product:
@@ -136,9 +131,9 @@ class Conv(Kernel):
         pointwise = (all(k == 1 for k in kernel) and all(s == 1 for s in self.win.strides)
                      and all(b == 0 for b in self.win.begin) and self.win.out == self.win.size)
         self.mode = "pointwise" if pointwise else "im2col"
-        self.c_depthwise = self._depthwise(ctx, x, channels, filters)
-        self.c_im2col = self._native_im2col(ctx, x)
-        self.c_conv = self._native_conv(ctx, x, filters)
+        self.native_depthwise = self._depthwise(ctx, x, channels, filters)
+        self.native_im2col = self._native_im2col(ctx, x)
+        self.native_conv = self._native_conv(ctx, x, filters)
         self.filters = filters // self.group
         self.inner = math.prod(self.win.out[1:])
         self.row_bytes = channels * math.prod(kernel) * self.inner * x.dtype.itemsize
@@ -155,48 +150,53 @@ class Conv(Kernel):
             self.workspace_bytes = self.pad_bytes + max(min(t, parallel.MAX_SLOTS) * self._layout(t)[1]
                                                         for t in range(1, parallel.MAX_SLOTS + 1))
             self._split(1)
-        self.plane_scratch = self._plane_scratch(x, channels)
-        self.workspace_bytes = max(self.workspace_bytes, parallel.MAX_SLOTS * self.plane_scratch)
+        self.plane_bytes = self._plane_bytes(x, channels)
+        self.workspace_bytes = max(self.workspace_bytes, parallel.MAX_SLOTS * self.plane_bytes)
 
-    def _plane_scratch(self, x: TensorInfo, channels: int) -> int:
+    def _plane_bytes(self, x: TensorInfo, channels: int) -> int:
         """Bytes of scratch per thread of the native depthwise loop: planned whether or not the
         model will have that loop, so that plans do not depend on it."""
         if self.group != channels or x.rank != 4 or x.dtype != np.float32:
             return 0
         return plane_scratch(self.win)
 
-    def _depthwise(self, ctx: OpContext, x: TensorInfo, channels: int, filters: int) -> tuple | None:
-        """(C function, geometry arguments) for a 2-d float32 depthwise layer when the model has
-        the native loop, else None."""
-        act = activation_code(ctx.attrs)
-        if (ctx.native is None or self.group != channels or x.rank != 4 or x.dtype != np.float32
-                or act is None):
-            return None
-        fn = ctx.native.get(DWCONV2D)
-        win = self.win
-        geometry = (x.shape[0], filters, filters // channels, *win.size, *win.out, *win.kernel, *win.strides,
-                    *win.dilations, *win.begin, *act)
-        return None if fn is None else (fn, geometry)
+    def _native_2d(self, ctx: OpContext, x: TensorInfo) -> bool:
+        """Whether the native loops can take this layer: 2-d, float32 data and filters."""
+        w = self.inputs[1]
+        return ctx.native is not None and x.rank == 4 and x.dtype == np.float32 and w.dtype == np.float32
 
-    def _native_im2col(self, ctx: OpContext, x: TensorInfo) -> tuple | None:
-        """(C function, geometry arguments) that gather a 2-d float32 layer's columns in one call
-        per chunk (instead of a numpy copy per tap), when the model has it; else None."""
-        fn = ctx.native.get(IM2COL2D) if ctx.native is not None else None
-        if fn is None or self.mode != "im2col" or x.rank != 4 or x.dtype != np.float32:
-            return None
-        win = self.win
-        return fn, (x.shape[1], *win.size, win.out[1], *win.kernel, *win.strides, *win.dilations, *win.begin)
-
-    def _native_conv(self, ctx: OpContext, x: TensorInfo, filters: int) -> tuple | None:
-        """(C function, geometry arguments) that run a whole 2-d float32 layer, gather and GEMMs
-        included, on the native workers, when the model has it; else None."""
-        fn = ctx.native.get(CONV2D) if ctx.native is not None else None
+    def _depthwise(self, ctx: OpContext, x: TensorInfo, channels: int, filters: int) -> Callable | None:
+        """The native loop of a 2-d float32 depthwise layer, its geometry bound, when the model has
+        it; else None. Call it with (x, w, bias, y, scratch, pitch, threads)."""
         act = activation_code(ctx.attrs)
-        if fn is None or x.rank != 4 or x.dtype != np.float32 or act is None:
+        fn = ctx.native.get(DWCONV2D) if self._native_2d(ctx, x) else None
+        if fn is None or self.group != channels or act is None:
             return None
         win = self.win
-        return fn, (*x.shape, filters, self.group, *win.out, *win.kernel, *win.strides, *win.dilations,
-                    *win.begin, *act)
+        return fn.partial(x.shape[0], filters, filters // channels, *win.size, *win.out, *win.kernel, *win.strides,
+                          *win.dilations, *win.begin, *act)
+
+    def _native_im2col(self, ctx: OpContext, x: TensorInfo) -> Callable | None:
+        """The native gather of a 2-d float32 layer's columns, one call per chunk (instead of a
+        numpy copy per tap), its geometry bound, when the model has it; else None. Call it with
+        (image, cols, pitch, first row, last row)."""
+        fn = ctx.native.get(IM2COL2D) if self._native_2d(ctx, x) else None
+        if fn is None or self.mode != "im2col":
+            return None
+        win = self.win
+        return fn.partial(x.shape[1], *win.size, win.out[1], *win.kernel, *win.strides, *win.dilations, *win.begin)
+
+    def _native_conv(self, ctx: OpContext, x: TensorInfo, filters: int) -> Callable | None:
+        """The whole 2-d float32 layer in one native call, gather and GEMMs included, on the native
+        workers, its geometry bound, when the model has it; else None. Call it with (x, w, bias,
+        y, work, step, buffer, threads)."""
+        fn = ctx.native.get(CONV2D) if self._native_2d(ctx, x) else None
+        act = activation_code(ctx.attrs)
+        if fn is None or act is None:
+            return None
+        win = self.win
+        return fn.partial(*x.shape, filters, self.group, *win.out, *win.kernel, *win.strides, *win.dilations,
+                          *win.begin, *act)
 
     def _padded_extent(self, channels: int, itemsize: int) -> tuple[int, ...] | None:
         """Spatial extent of the zero-padded image a strided gather reads (None: gather by taps)."""
@@ -273,9 +273,9 @@ class Conv(Kernel):
         if y.size == 0:
             return
         contiguous = x.flags.c_contiguous and y.flags.c_contiguous
-        if self.c_depthwise is not None and contiguous:
+        if self.native_depthwise is not None and contiguous:
             self._run_depthwise(x, w, b, y, workspace)
-        elif self.c_conv is not None and contiguous:
+        elif self.native_conv is not None and contiguous:
             self._run_native(x, w, b, y, workspace)
         elif self.mode == "pointwise":
             self._pointwise(x, w, b, y)
@@ -284,25 +284,21 @@ class Conv(Kernel):
 
     def _run_depthwise(self, x: np.ndarray, w: np.ndarray, b: np.ndarray | None, y: np.ndarray,
                        workspace: np.ndarray | None) -> None:
-        fn, geometry = self.c_depthwise
-        threads = threads_for(nbytes=y.nbytes, slots=parallel.MAX_SLOTS)
-        fn(address(x), address(w), 0 if b is None else address(b), address(y),
-           0 if workspace is None else address(workspace), self.plane_scratch // 4, threads, *geometry)
+        threads = parallel.native_threads(nbytes=y.nbytes, slots=parallel.MAX_SLOTS)
+        self.native_depthwise(x, w, b, y, workspace, self.plane_bytes // 4, threads)
 
     def _run_native(self, x: np.ndarray, w: np.ndarray, b: np.ndarray | None, y: np.ndarray,
                     workspace: np.ndarray | None) -> None:
         """The whole layer in one call: the native workers share it (see _layout for the plan)."""
-        fn, geometry = self.c_conv
-        threads = threads_for(self.flops)
+        threads = parallel.native_threads(self.flops)
         step = buffer = 0
         if self.mode == "im2col":
             split = self._split(min(threads, parallel.MAX_SLOTS))
             step, buffer = split.step, split.buffer // 4
             if buffer:
                 threads = min(threads, parallel.MAX_SLOTS)
-        work = 0 if workspace is None or not workspace.nbytes else address(workspace) + self.pad_bytes
-        fn(address(x), address(w), 0 if b is None else address(b), address(y), work, step, buffer, threads,
-           *geometry)
+        work = None if workspace is None or not workspace.nbytes else workspace[self.pad_bytes:]
+        self.native_conv(x, w, b, y, work, step, buffer, threads)
 
     def _finish(self, y: np.ndarray, b: np.ndarray | None) -> None:
         """Bias and fused activation on a C-contiguous block of the output (numpy buffers ufuncs
@@ -364,7 +360,7 @@ class Conv(Kernel):
         nbytes = math.prod(shape) * x.dtype.itemsize
         buffers = []
         image = None
-        if self.padded is not None and self.c_im2col is None:
+        if self.padded is not None and self.native_im2col is None:
             image = workspace[:c * math.prod(self.padded) * x.dtype.itemsize].view(x.dtype)
             image = image.reshape((c,) + self.padded)
         for slot in range(slots):
@@ -377,10 +373,8 @@ class Conv(Kernel):
 
         def gather(i: int, chunk: _Chunk, slot: int) -> None:
             cols, flat, _ = buffers[slot]
-            if self.c_im2col is not None:
-                fn, geometry = self.c_im2col
-                fn(address(x) + i * x[0].nbytes, address(cols), split.step * inner, chunk.first, chunk.last,
-                   *geometry)
+            if self.native_im2col is not None:
+                self.native_im2col(x[i], cols, split.step * inner, chunk.first, chunk.last)
                 return
             if image is not None:
                 self._strided_gather(image, cols, chunk)

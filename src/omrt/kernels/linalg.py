@@ -7,12 +7,12 @@ from typing import Sequence
 import numpy as np
 
 from ..errors import ShapeError
+from ..native.bindings import MATMUL, activation_code
+from ..native.signature import address
 from . import parallel
 from .base import (FUSED_ACTIVATIONS, Kernel, OpContext, Shape, TensorInfo, apply_activation,
                    broadcast_shapes, carve, carve_size, numel, register)
-from .native import F32, I64, PTR, Function, activation_code, address, threads_for
 
-MATMUL = Function("linalg", "omrt_matmul_f32", (PTR,) * 4 + (I64,) * 14 + (F32, F32), blas=True)
 _NO_ACTIVATION = (0, 0.0, 0.0)
 
 
@@ -116,9 +116,8 @@ class _Product:
                 or np.may_share_memory(out, a) or np.may_share_memory(out, b)):
             return False
         (lda, ta, sa), (ldb, tb, sb), (ldc, _, sc) = views
-        threads = threads_for(2 * batch * m * n * k)
-        self.native(address(a), address(b), 0 if bias is None else address(bias), address(out), batch, m, n, k,
-                    lda, ldb, ldc, ta, tb, sa, sb, sc, threads, *act)
+        threads = parallel.native_threads(2 * batch * m * n * k)
+        self.native(a, b, bias, out, batch, m, n, k, lda, ldb, ldc, ta, tb, sa, sb, sc, threads, *act)
         return True
 
     def __call__(self, a: np.ndarray, b: np.ndarray, out: np.ndarray, workspace: np.ndarray | None,

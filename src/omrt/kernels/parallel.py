@@ -12,8 +12,6 @@ their layers on the native library's own threads, csrc/workers.c, told the same 
 
 from __future__ import annotations
 
-import ctypes
-import glob
 import itertools
 import os
 import queue
@@ -22,6 +20,8 @@ import warnings
 from typing import Callable
 
 import numpy as np
+
+from ..native.blas import openblas
 
 MAX_SLOTS = 2
 """How many private scratch buffers a kernel plans for (one per thread that runs its pieces).
@@ -34,97 +34,23 @@ MIN_FLOPS = 1 << 24
 """Products smaller than this (multiply-adds times two) run whole: a split would cost more in
 handoff than it saves."""
 
-_OPENBLAS_SYMBOLS = (("scipy_openblas_set_num_threads64_", "scipy_openblas_get_num_threads64_"),
-                     ("scipy_openblas_set_num_threads", "scipy_openblas_get_num_threads"),
-                     ("openblas_set_num_threads64_", "openblas_get_num_threads64_"),
-                     ("openblas_set_num_threads", "openblas_get_num_threads"))
+NATIVE_SPLIT_FLOPS = 1 << 21
+"""Native calls with at least this much work (multiply-adds times two) spread it over omrt's
+threads: the native workers take a part in microseconds, where a Python handoff takes tens."""
+
+NATIVE_SPLIT_BYTES = 1 << 16
+"""Native calls over at least this many bytes of planes (depthwise layers, pools) spread them."""
 
 
-def _loaded_libraries() -> list[str]:
-    """Shared libraries whose name mentions OpenBLAS: mapped in this process, else numpy's own."""
-    found: list[str] = []
-    try:
-        with open("/proc/self/maps") as f:
-            for line in f:
-                path = line.split(maxsplit=5)[-1].strip()
-                if "openblas" in os.path.basename(path).lower() and path not in found:
-                    found.append(path)
-    except OSError:
-        pass
-    if not found:
-        root = os.path.dirname(np.__file__)
-        for folder in (os.path.join(root, os.pardir, "numpy.libs"), os.path.join(root, ".libs"),
-                       os.path.join(root, ".dylibs")):
-            found += sorted(glob.glob(os.path.join(folder, "*openblas*")))
-    return found
-
-
-_CBLAS_PREFIXES = (("scipy_cblas_", "64_", True), ("cblas_", "64_", True), ("scipy_cblas_", "", False),
-                   ("cblas_", "", False))
-"""How OpenBLAS builds name their CBLAS functions (prefix, suffix), and whether those take 64-bit
-sizes."""
-
-
-class _Blas:
-    """The thread count setter and getter of the OpenBLAS that numpy uses, and its CBLAS sgemm
-    and sgemv, when there is one."""
-
-    def __init__(self) -> None:
-        self.set: Callable[[int], None] | None = None
-        self.get: Callable[[], int] | None = None
-        self.cblas: tuple[int, int, bool] | None = None
-        mode = getattr(os, "RTLD_NOLOAD", 0) | getattr(os, "RTLD_LAZY", 0) or ctypes.DEFAULT_MODE
-        for path in _loaded_libraries():
-            try:
-                lib = ctypes.CDLL(path, mode=mode)
-            except OSError:
-                continue
-            for setter, getter in _OPENBLAS_SYMBOLS:
-                if hasattr(lib, setter) and hasattr(lib, getter):
-                    set_fn, get_fn = getattr(lib, setter), getattr(lib, getter)
-                    set_fn.argtypes, set_fn.restype = [ctypes.c_int], None
-                    get_fn.argtypes, get_fn.restype = [], ctypes.c_int
-                    self.set, self.get = set_fn, get_fn
-                    self.cblas = next(((_address(lib, f"{pre}sgemm{post}"), _address(lib, f"{pre}sgemv{post}"), ilp64)
-                                       for pre, post, ilp64 in _CBLAS_PREFIXES
-                                       if hasattr(lib, f"{pre}sgemm{post}") and hasattr(lib, f"{pre}sgemv{post}")),
-                                      None)
-                    return
-
-
-_blas: _Blas | None = None
 _blas_before: int | None = None
 """The BLAS thread count omrt found before it pinned BLAS to one thread (None: not pinned)."""
-
-
-def _found_blas() -> _Blas:
-    global _blas
-    if _blas is None:
-        _blas = _Blas()
-    return _blas
-
-
-def blas_threads() -> int | None:
-    """The OpenBLAS thread count now, or None when no OpenBLAS is found."""
-    blas = _found_blas()
-    return blas.get() if blas.get is not None else None
-
-
-def _address(lib: ctypes.CDLL, name: str) -> int:
-    return ctypes.cast(getattr(lib, name), ctypes.c_void_p).value
-
-
-def blas_functions() -> tuple[int, int, bool] | None:
-    """(sgemm, sgemv, they take 64-bit sizes): the CBLAS functions of numpy's OpenBLAS, or None.
-    The native kernels multiply through them, so that they share numpy's BLAS and its thread
-    setting."""
-    return _found_blas().cblas
 
 
 def _pin_blas(pin: bool) -> None:
     """Pin OpenBLAS to one thread (pin) or give it back the count it had (not pin)."""
     global _blas_before
-    before = blas_threads()
+    blas = openblas()
+    before = blas.get() if blas.get is not None else None
     if before is None:
         if pin:
             warnings.warn("omrt.set_num_threads: no OpenBLAS library is loaded in this process, so omrt "
@@ -134,9 +60,9 @@ def _pin_blas(pin: bool) -> None:
         return
     if pin and _blas_before is None:
         _blas_before = before
-        _blas.set(1)
+        blas.set(1)
     elif not pin and _blas_before is not None:
-        _blas.set(_blas_before)
+        blas.set(_blas_before)
         _blas_before = None
 
 
@@ -308,3 +234,11 @@ def matmul_pieces(a: np.ndarray, b: np.ndarray, out: np.ndarray,
     if rows >= cols:
         return [(a2[..., lo:hi, :], b2, o2[..., lo:hi, :]) for lo, hi in spans(rows, parts)]
     return [(a2, b2[..., lo:hi], o2[..., lo:hi]) for lo, hi in spans(cols, parts)]
+
+
+def native_threads(flops: int | None = None, nbytes: int | None = None, slots: int = 0) -> int:
+    """The threads a native call with this much work runs on: all of omrt's (at most `slots`,
+    the scratch buffers it has, when given) for big work, else one."""
+    big = flops >= NATIVE_SPLIT_FLOPS if flops is not None else nbytes >= NATIVE_SPLIT_BYTES
+    threads = get_num_threads() if big else 1
+    return min(threads, slots) if slots else threads

@@ -14,18 +14,16 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ..errors import ShapeError
+from ..native.bindings import POOL2D
 from .base import Kernel, OpContext, TensorInfo, aligned, register
 from . import parallel, window
 from .window import Tap, Window, int_list, plane_scratch, sliding_window, window_of
-from .native import I64, PTR, Function, address, threads_for
 
 _ALL = (Ellipsis,)
 
 SPLIT_BYTES = 1 << 24
 """Pools that read at least this many bytes (input size times the taps per dim) spread their
 plane blocks over omrt's threads; smaller ones cost less than a handoff."""
-
-POOL2D = Function("pool", "omrt_pool2d_f32", (PTR, PTR, PTR, PTR) + (I64,) * 16)
 
 
 def _kernel_shape(ctx: OpContext, x: TensorInfo) -> list[int]:
@@ -105,10 +103,11 @@ class _WindowPool(Kernel):
         self.stage_bytes = max(t * self._slot_bytes(self._block(t))
                                for t in range(1, parallel.MAX_SLOTS + 1))
         native_2d = nd == 2 and x.dtype == np.float32
-        self.c_scratch = max(plane_scratch(w), aligned(w.size[-1] * x.dtype.itemsize)) if native_2d else 0
-        self.stage_bytes = max(self.stage_bytes, parallel.MAX_SLOTS * self.c_scratch)
-        self.c_pool = ctx.native.get(POOL2D) if ctx.native is not None and native_2d else None
-        self.c_window = (*w.size, *w.out, *w.kernel, *w.strides, *w.dilations, *w.begin)
+        self.pitch_bytes = max(plane_scratch(w), aligned(w.size[-1] * x.dtype.itemsize)) if native_2d else 0
+        """Scratch per thread of the native loop: planned whether or not the model has it."""
+        self.stage_bytes = max(self.stage_bytes, parallel.MAX_SLOTS * self.pitch_bytes)
+        self.native_pool = ctx.native.get(POOL2D) if ctx.native is not None and native_2d else None
+        self.window_args = (*w.size, *w.out, *w.kernel, *w.strides, *w.dilations, *w.begin)
 
     def workspace(self) -> int:
         return self.stage_bytes
@@ -168,12 +167,11 @@ class _WindowPool(Kernel):
 
         Each thread has scratch of its own in the workspace: a padded plane for stride-1 pools,
         else a row."""
-        if self.c_pool is None or not (x.flags.c_contiguous and y.flags.c_contiguous):
+        if self.native_pool is None or not (x.flags.c_contiguous and y.flags.c_contiguous):
             return False
-        inv = 0 if inv_count is None else address(inv_count)
-        threads = threads_for(nbytes=x.nbytes, slots=parallel.MAX_SLOTS)
-        self.c_pool(address(x), address(y), inv, address(workspace), self.c_scratch // 4, threads, self.planes,
-                    *self.c_window, int(is_max))
+        threads = parallel.native_threads(nbytes=x.nbytes, slots=parallel.MAX_SLOTS)
+        self.native_pool(x, y, inv_count, workspace, self.pitch_bytes // 4, threads, self.planes, *self.window_args,
+                         int(is_max))
         return True
 
     def _tap_stage(self, ufunc: np.ufunc, stage: _Stage, src: np.ndarray, dst: np.ndarray,
@@ -283,7 +281,7 @@ class AveragePool(_WindowPool):
         counts = self.win.counts(bool(ctx.attrs.get("count_include_pad", 0)))
         uniform = counts.size and (counts == counts.flat[0]).all()
         self.divisor = np.asarray(counts.flat[0] if uniform else counts, inputs[0].dtype)
-        self.inv_count = (1 / counts).astype(np.float32) if self.c_pool is not None else None
+        self.inv_count = (1 / counts).astype(np.float32) if self.native_pool is not None else None
 
     def run(self, inputs, outputs, workspace):
         if not self._c_reduce(inputs[0], outputs[0], workspace, False, self.inv_count):

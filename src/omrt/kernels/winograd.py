@@ -16,13 +16,11 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from ..native.bindings import WINOGRAD, activation_code
 from . import parallel
 from .base import OpContext, TensorInfo, aligned, register
 from .conv import Conv
-from .native import F32, I64, PTR, Function, activation_code, address, threads_for
 from .window import window_of
-
-WINOGRAD = Function("winograd", "omrt_winograd_f32", (PTR,) * 5 + (I64,) * 16 + (F32, F32), blas=True)
 
 G = np.array([[1.0, 0.0, 0.0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0.0, 0.0, 1.0]])
 """The filter transform of F(2x2, 3x3) (interpolation points 0, 1, -1 and infinity)."""
@@ -82,16 +80,19 @@ class WinogradConv(Conv):
                                    max(v * shared + t * slot for t, (v, slot, _, shared) in plans.items()))
         act = activation_code(ctx.attrs)
         fn = ctx.native.get(WINOGRAD) if ctx.native is not None else None
-        self.c_winograd = None
+        self.native_winograd = None
+        """Threads -> the layer in one native call with that split bound: call it with (x, U,
+        bias, y, work)."""
         if fn is not None and act is not None:
             geometry = (*inputs[0].shape, self.filters, oh, ow, *self.win.begin, *act)
-            self.c_winograd = fn, {t: (v // 4, slot // 4, per_chunk, shared, FILTERS_PER_PASS, t, *geometry)
-                                   for t, (v, slot, per_chunk, shared) in plans.items()}
+            self.native_winograd = {t: fn.partial(v // 4, slot // 4, per_chunk, shared, FILTERS_PER_PASS, t,
+                                                  *geometry)
+                                    for t, (v, slot, per_chunk, shared) in plans.items()}
 
     def fit_workspace(self, nbytes: int) -> bool:
         """A plan too small for the Winograd scratch (an older omrt's) runs the layer as a Conv."""
         if self.workspace_bytes > nbytes:
-            self.c_winograd = None
+            self.native_winograd = None
             self.workspace_bytes = self.conv_workspace_bytes
         return super().fit_workspace(nbytes)
 
@@ -117,10 +118,9 @@ class WinogradConv(Conv):
 
     def run(self, inputs, outputs, workspace):
         x, y = inputs[0], outputs[0]
-        if self.c_winograd is None or not (x.flags.c_contiguous and y.flags.c_contiguous) or y.size == 0:
+        if self.native_winograd is None or not (x.flags.c_contiguous and y.flags.c_contiguous) or y.size == 0:
             super().run(inputs, outputs, workspace)
             return
-        fn, args = self.c_winograd
         b = inputs[2] if len(inputs) > 2 else None
-        fn(address(x), address(inputs[3]), 0 if b is None else address(b), address(y), address(workspace),
-           *args[threads_for(self.flops, slots=parallel.MAX_SLOTS)])
+        run = self.native_winograd[parallel.native_threads(self.flops, slots=parallel.MAX_SLOTS)]
+        run(x, inputs[3], b, y, workspace)

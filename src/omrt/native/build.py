@@ -17,7 +17,7 @@ import warnings
 from typing import Callable
 
 from ..format.kernelstore import NATIVE, Packed
-from ..kernels.native import CORE, SOURCES
+from .library import CORE, SOURCES
 from .loader import host_target
 
 FLAGS = ["-O3", "-std=c11", "-shared", "-fPIC", "-pthread", "-fno-math-errno", "-fno-plt", "-Wall"]

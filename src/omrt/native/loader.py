@@ -18,7 +18,7 @@ import threading
 import warnings
 
 from ..format.kernelstore import NATIVE, Packed
-from ..kernels.native import KERNEL_ABI, Library
+from .library import Library, kernel_abi
 
 
 def elf_identity(data: bytes) -> tuple[int, int, int] | None:
@@ -40,7 +40,7 @@ def _host_elf() -> tuple[int, int, int] | None:
 def host_target() -> dict:
     """The target a library built on this host declares (and that a loading host must match)."""
     libc, version = platform.libc_ver()
-    return {"os": platform.system(), "machine": platform.machine(), "abi": KERNEL_ABI,
+    return {"os": platform.system(), "machine": platform.machine(), "abi": kernel_abi(),
             "libc": libc, "libc_version": version}
 
 
@@ -53,8 +53,8 @@ def mismatch(record: Packed) -> str | None:
     if record.kind != NATIVE:
         return f"kind {record.kind} is not one this omrt runs"
     host, want = host_target(), record.target
-    if want.get("abi") != KERNEL_ABI:
-        return f"built for kernel ABI {want.get('abi')}, this omrt has {KERNEL_ABI}"
+    if want.get("abi") != kernel_abi():
+        return f"built for kernel ABI {want.get('abi')}, this omrt has {kernel_abi()}"
     if want.get("os") != host["os"]:
         return f"built for {want.get('os')}, this host runs {host['os']}"
     elf, here = elf_identity(record.data), _host_elf()

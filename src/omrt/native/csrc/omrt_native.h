@@ -1,6 +1,7 @@
-/* Shared definitions of omrt's native kernel units (see omrt/kernels/native.py).
+/* Shared definitions of omrt's native kernel units (omrt/native/bindings.py states each exported
+ * function's contract, which Python checks before every call).
  *
- * Every exported function takes C-contiguous float32 arrays and int64 sizes and returns nothing;
+ * Every exported function takes float32 arrays and int64 sizes and returns nothing;
  * a `threads` argument says how many of the worker pool's threads (workers.c) it may spread its
  * work over, each with its part of any scratch it is given. Hot loops are compiled once per
  * x86-64 level and picked at load time by the dynamic loader, so one library runs on any x86-64
@@ -26,7 +27,7 @@
 #endif
 #define OMRT_EXPORT __attribute__((visibility("default")))
 
-/* Fused activations (omrt.kernels.native.activation_code). */
+/* Fused activations (omrt.native.bindings.ACTIVATIONS). */
 enum { OMRT_ACT_NONE = 0, OMRT_ACT_RELU = 1, OMRT_ACT_LEAKY = 2, OMRT_ACT_CLIP = 3 };
 
 static inline void omrt_activate(float *y, int64_t n, int64_t act, float alpha, float beta) {

@@ -7,7 +7,7 @@ typedef struct {
     int64_t n, parts;
 } gelu_job;
 
-/* The node arithmetic of omrt.kernels.elementwise.Gelu.from_table, operation for operation in
+/* The node arithmetic of omrt.kernels.activations.Gelu.from_table, operation for operation in
  * float32 (so that both paths give the same bits): x * 1024 clamped to the table's nodes,
  * rounded to the nearest node by adding 1.5 * 2**23, then Phi linear from that node. */
 static OMRT_HOT void gelu_part(void *p, int64_t item, int64_t thread) {
@@ -37,7 +37,7 @@ static OMRT_HOT void gelu_part(void *p, int64_t item, int64_t thread) {
 }
 
 /* y = Gelu(x) for n floats (y may be x) from the table of Phi and its slope per node that
- * omrt.kernels.elementwise builds (nodes 1/1024 apart over [-7, 6]), on `threads` threads. */
+ * omrt.kernels.activations builds (nodes 1/1024 apart over [-7, 6]), on `threads` threads. */
 OMRT_EXPORT void omrt_gelu_f32(const float *x, float *y, const float *cdf, const float *slope, int64_t n,
                                int64_t threads) {
     gelu_job j = {.x = x, .cdf = cdf, .slope = slope, .y = y, .n = n, .parts = threads < n ? threads : n};

@@ -1,0 +1,110 @@
+"""Every exported C function of omrt's native library, argument by argument, with its contract.
+
+Each binding below is checked against its C prototype in csrc/ by a test, and every call goes
+through `Function.check` (omrt.native.signature): dtypes, layouts and sizes of the arrays the C
+code reads and writes, as the expressions here state them, and the conditions on its integers.
+"""
+
+from __future__ import annotations
+
+from .signature import Address, Array, Float, Function, Int, Matrix
+
+ACTIVATIONS = {None: 0, "Relu": 1, "LeakyRelu": 2, "Clip": 3}
+"""The fused activations the C loops apply themselves (csrc/omrt_native.h, OMRT_ACT_*)."""
+
+
+def activation_code(attrs: dict) -> tuple[int, float, float] | None:
+    """(code, alpha, beta) of a node's fused activation when the C loops apply it, or None when
+    they do not (the kernel then applies it with numpy afterwards)."""
+    act = attrs.get("_act")
+    if act not in ACTIVATIONS:
+        return None
+    return ACTIVATIONS[act], float(attrs.get("_act_alpha", 0.0) or 0.0), float(attrs.get("_act_beta", 0.0) or 0.0)
+
+
+def _window(*extra: Int) -> tuple[Int, ...]:
+    """The 2-d window arguments the conv and pool loops share."""
+    return (Int("KH", 1), Int("KW", 1), Int("SH", 1), Int("SW", 1), Int("DH", 1), Int("DW", 1), Int("PT"), Int("PL"),
+            *extra)
+
+
+_ACT = (Int("act"), Float("alpha"), Float("beta"))
+_TAPS = "KW <= MAX_TAPS"
+_ACT_KNOWN = "act <= 3"
+_PADDED_PLANE = "(2 * OH + (KH - 1) * DH) * (OW + (KW - 1) * DW)"
+"""Floats of a padded plane and its sums, less the tail (see omrt_pad_plane)."""
+
+USE_BLAS = Function("workers", "omrt_use_blas", (Address("sgemm"), Address("sgemv"), Int("ilp64")))
+
+DWCONV2D = Function(
+    "conv", "omrt_dwconv2d_f32",
+    (Array("x", "N * (M // mult) * H * W"), Array("w", "M * KH * KW"), Array("bias", "M", optional=True),
+     Array("y", "N * M * OH * OW", write=True),
+     Array("scratch", "pitch * min(threads, N * M) if SH == 1 and SW == 1 else 0", write=True, scratch=True),
+     Int("pitch"), Int("threads", 1), Int("N"), Int("M"), Int("mult", 1), Int("H"), Int("W"), Int("OH"), Int("OW"),
+     *_window(), *_ACT),
+    requires=("M % mult == 0", _TAPS, _ACT_KNOWN,
+              f"SH != 1 or SW != 1 or pitch >= {_PADDED_PLANE} + (KW - 1) * DW"))
+
+IM2COL2D = Function(
+    "conv", "omrt_im2col_f32",
+    (Array("x", "C * H * W"), Array("cols", "(C * KH * KW - 1) * pitch + (r1 - r0) * OW", write=True),
+     Int("pitch"), Int("r0"), Int("r1"), Int("C", 1), Int("H"), Int("W"), Int("OW"), *_window()),
+    requires=("r0 <= r1", "pitch >= (r1 - r0) * OW", _TAPS))
+
+CONV2D = Function(
+    "conv", "omrt_conv2d_f32",
+    (Array("x", "N * C * H * W"), Array("w", "M * (C // G) * KH * KW"), Array("bias", "M", optional=True),
+     Array("y", "N * M * OH * OW", write=True),
+     Array("work", "0 if pointwise else min(threads, chunks) * buffer if buffer else rows * step * OW",
+           write=True, scratch=True),
+     Int("step"), Int("buffer"), Int("threads", 1), Int("N"), Int("C"), Int("H"), Int("W"), Int("M"), Int("G", 1),
+     Int("OH"), Int("OW"), *_window(), *_ACT),
+    derived=(("pointwise", "KH == KW == SH == SW == 1 and PT == PL == 0 and (OH, OW) == (H, W)"),
+             ("rows", "C * KH * KW"), ("chunks", "N * -(-OH // max(step, 1))")),
+    requires=("C % G == 0", "M % G == 0", "pointwise or step >= 1",
+              "pointwise or not buffer or buffer >= rows * step * OW", _TAPS, _ACT_KNOWN),
+    blas=True)
+
+POOL2D = Function(
+    "pool", "omrt_pool2d_f32",
+    (Array("x", "planes * H * W"), Array("y", "planes * OH * OW", write=True),
+     Array("inv_count", "0 if is_max else OH * OW"),
+     Array("scratch", "pitch * min(threads, planes)", write=True, scratch=True),
+     Int("pitch"), Int("threads", 1), Int("planes"), Int("H"), Int("W"), Int("OH"), Int("OW"), *_window(Int("is_max"))),
+    requires=("pitch >= W", f"SH != 1 or SW != 1 or pitch >= {_PADDED_PLANE} + 2 * (KW - 1) * DW", _TAPS,
+              "is_max <= 1"))
+
+WINOGRAD = Function(
+    "winograd", "omrt_winograd_f32",
+    (Array("x", "N * C * H * W"), Array("U", "16 * F * C"), Array("bias", "F", optional=True),
+     Array("y", "N * F * OH * OW", write=True),
+     Array("work", "v_floats + min(threads, max(C, F)) * slot_floats if shared "
+                   "else min(threads, N * chunks) * slot_floats", write=True, scratch=True),
+     Int("v_floats"), Int("slot_floats"), Int("chunk_tiles", 1), Int("shared"), Int("fpass", 1), Int("threads", 1),
+     Int("N"), Int("C"), Int("H"), Int("W"), Int("F"), Int("OH"), Int("OW"), Int("PT"), Int("PL"), *_ACT),
+    derived=(("tw", "(OW + 1) // 2"), ("tiles", "tw * ((OH + 1) // 2)"),
+             ("rows", "(max(8 * (2 * tw + 2), 4 * tw) + 15) // 16 * 16"),
+             ("chunks", "max(-(-tiles // chunk_tiles), min(threads, tiles))"),
+             ("per_chunk", "-(-tiles // max(chunks, 1))"), ("per_block", "-(-F // max(min(threads, F), 1))")),
+    requires=("shared <= 1", "not shared or N == 1", "v_floats >= 16 * C * (tiles if shared else per_chunk)",
+              "slot_floats >= (16 * min(fpass, per_block) * tiles + rows if shared "
+              "else v_floats + 16 * min(fpass, F) * per_chunk + rows)", _ACT_KNOWN),
+    blas=True)
+
+MATMUL = Function(
+    "linalg", "omrt_matmul_f32",
+    (Matrix("a", "M", "K", "lda", "sa", "batch", "ta"), Matrix("b", "K", "N", "ldb", "sb", "batch", "tb"),
+     Array("bias", "N", optional=True), Matrix("c", "M", "N", "ldc", "sc", "batch", write=True),
+     Int("batch", 1), Int("M", 1), Int("N", 1), Int("K", 1), Int("lda"), Int("ldb"), Int("ldc"), Int("ta"), Int("tb"),
+     Int("sa"), Int("sb"), Int("sc"), Int("threads", 1), *_ACT),
+    requires=("ta <= 1", "tb <= 1", _ACT_KNOWN),
+    blas=True)
+
+GELU = Function(
+    "elementwise", "omrt_gelu_f32",
+    (Array("x", "n"), Array("y", "n", write=True), Array("cdf", "GELU_NODES"), Array("slope", "GELU_NODES"),
+     Int("n"), Int("threads", 1)))
+
+FUNCTIONS = (USE_BLAS, DWCONV2D, IM2COL2D, CONV2D, POOL2D, WINOGRAD, MATMUL, GELU)
+"""Every exported C function, the library's entry point first."""

@@ -1,0 +1,87 @@
+"""A model's loaded native library: the units it was built from, and its functions, checked.
+
+The C sources live in `csrc/`. `omrt compile` builds the units a model's kernels declare
+(`Kernel.native_units`) into one shared library and packs it into the `.om` file (`build`);
+`omrt.load(..., trust_kernels=True)` loads it (`loader`) and every kernel of that model gets it
+as `ctx.native`. Kernels always keep their numpy path: it runs when the model carries no
+library, the caller does not trust it, or the host cannot load it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+from typing import Any, Callable
+
+from .blas import blas_functions
+from .bindings import USE_BLAS
+from .signature import Function
+
+CORE = "workers"
+"""The source built into every library: the worker threads the C functions split their work
+over, and their BLAS entry (csrc/workers.c)."""
+
+SOURCES = os.path.join(os.path.dirname(__file__), "csrc")
+
+
+@functools.lru_cache(maxsize=None)
+def kernel_abi() -> str:
+    """The calling convention between the bindings and the C code: a digest of the C sources,
+    so that a library built from any other C code (an older or newer omrt) is never called."""
+    digest = hashlib.sha256()
+    for name in sorted(os.listdir(SOURCES)):
+        with open(os.path.join(SOURCES, name), "rb") as f:
+            digest.update(name.encode() + b"\0" + f.read())
+    return digest.hexdigest()[:16]
+
+
+class Bound:
+    """A C function of a loaded library: calling it checks every argument first."""
+
+    def __init__(self, function: Function, cfunc: Any) -> None:
+        self.function = function
+        self._cfunc = cfunc
+
+    def __call__(self, *values: Any) -> None:
+        self._cfunc(*self.function.check(values))
+
+    def partial(self, *tail: Any) -> Callable[..., None]:
+        """This function with its last arguments bound (a layer's geometry, fixed at load): call
+        the result with the first ones."""
+        return lambda *head: self(*head, *tail)
+
+
+class Library:
+    """One model's loaded native library: the units it was built from and their functions.
+
+    It is handed the CBLAS sgemm and sgemv of numpy's OpenBLAS; without them (numpy built on
+    another BLAS) the functions that multiply are missing, and their kernels keep their numpy
+    paths."""
+
+    def __init__(self, cdll: ctypes.CDLL, units: frozenset[str]) -> None:
+        self._cdll = cdll
+        self.units = units
+        self._bound: dict[str, Bound] = {}
+        cblas = blas_functions()
+        self.blas = cblas is not None
+        if not hasattr(cdll, USE_BLAS.symbol):
+            raise OSError(f"not an omrt kernel library of ABI {kernel_abi()}: it has no {USE_BLAS.symbol}")
+        if cblas is not None:
+            self._cfunc(USE_BLAS)(*USE_BLAS.check(cblas))
+
+    def _cfunc(self, fn: Function) -> Callable:
+        cfunc = getattr(self._cdll, fn.symbol)
+        cfunc.argtypes, cfunc.restype = fn.argtypes, None
+        return cfunc
+
+    def get(self, fn: Function) -> Bound | None:
+        """The checked callable for `fn`, or None when the library was built without its unit
+        (or it multiplies and there is no BLAS to call)."""
+        if fn.unit not in self.units or (fn.blas and not self.blas):
+            return None
+        hit = self._bound.get(fn.symbol)
+        if hit is None:
+            hit = self._bound[fn.symbol] = Bound(fn, self._cfunc(fn))
+        return hit

@@ -1,0 +1,265 @@
+"""How a C function of omrt's native library is described, and checked before every call.
+
+A `Function` names each argument of its C prototype, in order, with its kind:
+
+- `Array`: a pointer to float32 data; the Python side passes a C-contiguous numpy array (or
+  None where the argument may be NULL), and `size` says how many floats the C code may touch,
+  as an expression of the integer arguments.
+- `Matrix`: a pointer to a float32 matrix (or stack of them) that the C code reads through a
+  pitch, as BLAS does; the array passed must be exactly the view those integers describe.
+- `Int` (int64_t) and `Float` (float) scalars, and `Address` (void *) for entry points omrt
+  found itself.
+
+`requires` are conditions on the integers that the C code relies on (a group count dividing
+the channels, a pitch long enough for a row); `derived` names intermediate values the other
+expressions use. Before each call, `Function.check` proves that every array has the dtype,
+layout and size the C code reads and writes, so native code never touches memory outside the
+arrays it is handed; a violation is a KernelError naming the function, argument and rule.
+
+`prototype()` renders the C prototype; a test compares it with the sources, and the kernel ABI
+is a digest of the sources themselves, so a library built from other C code is never called.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import weakref
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from ..errors import KernelError
+
+F32 = np.dtype(np.float32)
+
+
+@dataclass(frozen=True)
+class Array:
+    """`const float *name` (`float *name` when written), C-contiguous, `size` floats."""
+
+    name: str
+    size: str
+    write: bool = False
+    optional: bool = False
+    scratch: bool = False
+    """Workspace bytes of any dtype (sized in floats, 4-byte aligned), not a float32 tensor."""
+
+    @property
+    def ctype(self) -> str:
+        return f"{'' if self.write else 'const '}float *{self.name}"
+
+
+@dataclass(frozen=True)
+class Matrix:
+    """A float32 matrix `rows` x `cols` read through pitch `pitch`, stored transposed when the
+    integer named `transposed` is 1, and a stack of `batch` of them `stride` floats apart (stride
+    0: one matrix for all)."""
+
+    name: str
+    rows: str
+    cols: str
+    pitch: str
+    stride: str
+    batch: str
+    transposed: str = ""
+    write: bool = False
+
+    @property
+    def ctype(self) -> str:
+        return f"{'' if self.write else 'const '}float *{self.name}"
+
+
+@dataclass(frozen=True)
+class Address:
+    """`void *name`: an address omrt found itself (a BLAS entry point), passed as it is."""
+
+    name: str
+
+    @property
+    def ctype(self) -> str:
+        return f"void *{self.name}"
+
+
+@dataclass(frozen=True)
+class Int:
+    """`int64_t name`, at least `minimum`."""
+
+    name: str
+    minimum: int = 0
+
+    @property
+    def ctype(self) -> str:
+        return f"int64_t {self.name}"
+
+
+@dataclass(frozen=True)
+class Float:
+    """`float name`."""
+
+    name: str
+
+    @property
+    def ctype(self) -> str:
+        return f"float {self.name}"
+
+
+Arg = Array | Matrix | Address | Int | Float
+
+_CTYPES = {Array: ctypes.c_void_p, Matrix: ctypes.c_void_p, Address: ctypes.c_void_p, Int: ctypes.c_int64,
+           Float: ctypes.c_float}
+
+PROVED = 256
+"""Distinct scalar sets a function remembers as proved (a model calls it with a few each)."""
+
+CONSTANTS = {
+    "MAX_TAPS": 1 << 16,
+    "GELU_NODES": 13 * 1024 + 1,
+}
+"""Names the contracts may use: the widest window the loops take (they keep two int64 per tap on
+the stack), and the nodes of Gelu's table (1/1024 apart over [-7, 6], csrc/elementwise.c)."""
+
+
+def _tuple(items: Sequence[str]) -> str:
+    """Python source of a tuple of these expressions."""
+    return f"({', '.join(items)},)" if items else "()"
+
+
+_ADDRESSES: dict[int, tuple[weakref.ref, int]] = {}
+"""Data pointers of arrays seen before: numpy takes microseconds to tell one (it builds the whole
+array interface), and a layer hands the same arena views and weights to C run after run."""
+
+
+def address(a: np.ndarray) -> int:
+    """The data pointer a C function receives for an array."""
+    hit = _ADDRESSES.get(id(a))
+    if hit is not None and hit[0]() is a:
+        return hit[1]
+    if len(_ADDRESSES) >= 4096:
+        _ADDRESSES.clear()
+    start = a.__array_interface__["data"][0]
+    _ADDRESSES[id(a)] = (weakref.ref(a), start)
+    return start
+
+
+@dataclass(frozen=True)
+class Function:
+    """A C function of a unit, its arguments and the conditions its C code relies on; `blas`
+    when it multiplies through BLAS."""
+
+    unit: str
+    symbol: str
+    args: tuple[Arg, ...]
+    requires: tuple[str, ...] = ()
+    derived: tuple[tuple[str, str], ...] = ()
+    blas: bool = False
+    _figures: Callable = field(init=False, repr=False, compare=False)
+    _scalars: tuple[int, ...] = field(init=False, repr=False, compare=False)
+    _proved: dict = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        lets = [f"({name} := {expr})" for name, expr in self.derived]
+        sizes = [a.size for a in self.args if isinstance(a, Array)]
+        shapes = [f"({a.rows}, {a.cols}, {a.pitch}, {a.stride}, {a.batch}, {a.transposed or 0})"
+                  for a in self.args if isinstance(a, Matrix)]
+        body = ", ".join(_tuple(part) for part in (lets, sizes, shapes, self.requires))
+        names = ", ".join(a.name for a in self.args)
+        code = compile(f"lambda {names}: ({body})", f"<{self.symbol} contract>", "eval")
+        object.__setattr__(self, "_figures", eval(code, {"min": min, "max": max, **CONSTANTS}))
+        object.__setattr__(self, "_scalars", tuple(i for i, a in enumerate(self.args) if isinstance(a, (Int, Float))))
+        object.__setattr__(self, "_proved", {})
+
+    @property
+    def argtypes(self) -> list:
+        return [_CTYPES[type(a)] for a in self.args]
+
+    def prototype(self) -> str:
+        """The C prototype this binding calls, e.g. `void f(const float *x, int64_t n)`."""
+        return f"void {self.symbol}({', '.join(a.ctype for a in self.args)})"
+
+    def _fail(self, why: str) -> KernelError:
+        return KernelError(f"native {self.symbol}: {why}; the kernel's arguments break the C function's "
+                           f"contract (a bug in omrt: please report it)")
+
+    def check(self, values: Sequence[Any]) -> list:
+        """The C arguments for `values` (arrays become addresses), after proving every rule.
+
+        The integer rules are proved once per distinct set of scalars (a layer calls with the
+        same geometry run after run); the arrays are checked on every call."""
+        if len(values) != len(self.args):
+            raise self._fail(f"takes {len(self.args)} arguments, got {len(values)}")
+        key = tuple(values[i] for i in self._scalars)
+        needs = self._proved.get(key)
+        if needs is None:
+            needs = self._prove(values, key)
+        out = list(values)
+        for i, arg, need in needs:
+            out[i] = self._array(arg, values[i], need) if type(arg) is Array else self._matrix(arg, values[i], need)
+        return out
+
+    def _prove(self, values: Sequence[Any], key: tuple) -> list[tuple[int, Arg, Any]]:
+        """Check the scalars against their minima and the requirements; (position, argument,
+        floats it needs or its matrix figures) for every array argument, remembered for `key`."""
+        for arg, value in zip(self.args, values):
+            if isinstance(arg, Int) and not (isinstance(value, (int, np.integer)) and value >= arg.minimum):
+                raise self._fail(f"{arg.name} must be an integer >= {arg.minimum}, got {value!r}")
+        try:
+            _, sizes, shapes, requires = self._figures(*values)
+        except (ArithmeticError, TypeError) as e:
+            raise self._fail(f"its contract cannot be evaluated on these arguments ({e})") from None
+        for rule, ok in zip(self.requires, requires):
+            if not ok:
+                raise self._fail(f"requires {rule}")
+        figures = {Array: iter(sizes), Matrix: iter(self._layout(f) for f in shapes)}
+        needs = [(i, a, next(figures[type(a)])) for i, a in enumerate(self.args) if type(a) in figures]
+        if len(self._proved) >= PROVED:
+            self._proved.clear()
+        self._proved[key] = needs
+        return needs
+
+    def _array(self, arg: Array, a: Any, floats: int) -> int | None:
+        if a is None:
+            if arg.optional or floats == 0:
+                return None
+            raise self._fail(f"{arg.name} may not be NULL: it must hold {arg.size} = {floats} floats")
+        if type(a) is not np.ndarray or (a.dtype != F32 and not arg.scratch):
+            raise self._fail(f"{arg.name} must be a float32 array, got "
+                             f"{a.dtype if isinstance(a, np.ndarray) else type(a).__name__}")
+        flags = a.flags
+        if not flags.c_contiguous:
+            raise self._fail(f"{arg.name} must be C-contiguous")
+        if arg.write and not flags.writeable:
+            raise self._fail(f"{arg.name} is written but the array is read-only")
+        if a.nbytes < 4 * floats:
+            raise self._fail(f"{arg.name} must hold {arg.size} = {floats} floats, the array holds "
+                             f"{a.nbytes // 4}")
+        start = address(a)
+        if start % 4:
+            raise self._fail(f"{arg.name} must be aligned to 4 bytes")
+        return start
+
+    @staticmethod
+    def _layout(figures: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """(shape, byte strides) of the view a Matrix argument with these figures must be."""
+        rows, cols, pitch, stride, batch, transposed = figures
+        shape, strides = (rows, cols), ((1, pitch) if transposed else (pitch, 1))
+        if stride:
+            shape, strides = (batch, *shape), (stride, *strides)
+        return shape, tuple(4 * s for s in strides)
+
+    def _matrix(self, arg: Matrix, a: Any, layout: tuple[tuple[int, ...], tuple[int, ...]]) -> int:
+        shape, strides = layout
+        if type(a) is not np.ndarray or a.dtype != F32:
+            raise self._fail(f"{arg.name} must be a float32 array")
+        if len(shape) == 2 and a.ndim == 3 and a.shape[0] == 1:
+            a = a[0]  # one matrix for the whole batch
+        if a.shape != shape or (a.strides != strides and any(n > 1 and s != w for n, s, w
+                                                              in zip(a.shape, a.strides, strides))):
+            raise self._fail(f"{arg.name} must be a {shape} view with strides {strides}, got {a.shape} with "
+                             f"strides {a.strides}")
+        if arg.write and not a.flags.writeable:
+            raise self._fail(f"{arg.name} is written but the array is read-only")
+        start = address(a)
+        if start % 4:
+            raise self._fail(f"{arg.name} must be aligned to 4 bytes")
+        return start

@@ -1,0 +1,202 @@
+"""The boundary between Python and omrt's C code: every binding matches its C prototype, and no
+native function can be handed an array whose dtype, size or layout differs from what it reads."""
+
+from __future__ import annotations
+
+import os
+import re
+
+import numpy as np
+import pytest
+
+from omrt.errors import KernelError
+from omrt.kernels.activations import _gelu_table
+from omrt.native import bindings
+from omrt.native.build import build
+from omrt.native.library import SOURCES
+from omrt.native.loader import load
+
+
+def _exported_prototypes() -> dict[str, str]:
+    """symbol -> `void name(type arg, ...)` for every OMRT_EXPORT function in csrc/, whitespace normalised."""
+    found = {}
+    for name in sorted(os.listdir(SOURCES)):
+        text = open(os.path.join(SOURCES, name)).read()
+        for m in re.finditer(r"OMRT_EXPORT\s+(?:OMRT_\w+\s+)*void\s+(\w+)\s*\(([^)]*)\)", text):
+            args = ", ".join(" ".join(a.split()).replace(" *", " *") for a in m.group(2).split(","))
+            found[m.group(1)] = f"void {m.group(1)}({args})"
+    return found
+
+
+def test_every_exported_c_function_has_a_binding_that_matches_its_prototype():
+    exported = _exported_prototypes()
+    assert exported, "no OMRT_EXPORT function found in csrc"
+    assert {f.symbol for f in bindings.FUNCTIONS} == set(exported)
+    for fn in bindings.FUNCTIONS:
+        assert fn.prototype() == exported[fn.symbol]
+
+
+@pytest.fixture(scope="module")
+def native():
+    record = build(["conv", "elementwise", "linalg", "pool", "winograd"], lambda msg: None)
+    if record is None:
+        pytest.skip("no C compiler on this host")
+    library = load([record], trusted=True)
+    if not library.blas:
+        pytest.skip("numpy's BLAS offers no CBLAS sgemm here")
+    return library
+
+
+def _f32(*shape: int) -> np.ndarray:
+    return np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+
+
+def _calls() -> dict:
+    """A valid call of every kernel function: its arguments, in prototype order."""
+    cdf, slope = _gelu_table()
+    window3 = (3, 3, 1, 1, 1, 1, 1, 1)  # 3x3 kernel, stride 1, dilation 1, pads 1
+    return {
+        bindings.DWCONV2D: [_f32(1, 4, 5, 5), _f32(4, 1, 3, 3), _f32(4), _f32(1, 4, 5, 5), _f32(86), 86, 1,
+                            1, 4, 1, 5, 5, 5, 5, *window3, 0, 0.0, 0.0],
+        bindings.IM2COL2D: [_f32(2, 4, 4), _f32(2 * 9, 16), 16, 0, 4, 2, 4, 4, 4, *window3],
+        bindings.CONV2D: [_f32(1, 4, 5, 5), _f32(6, 2, 3, 3), _f32(6), _f32(1, 6, 5, 5), _f32(36 * 25), 5, 0, 1,
+                          1, 4, 5, 5, 6, 2, 5, 5, *window3, 1, 0.0, 0.0],
+        bindings.POOL2D: [_f32(4, 6, 6), _f32(4, 3, 3), None, _f32(6), 6, 1, 4, 6, 6, 3, 3, 2, 2, 2, 2, 1, 1, 0, 0, 1],
+        bindings.WINOGRAD: [_f32(1, 16, 6, 6), _f32(16, 16, 16), _f32(16), _f32(1, 16, 6, 6), _f32(4672), 2304, 4672,
+                            9, 0, 64, 1, 1, 16, 6, 6, 16, 6, 6, 1, 1, 0, 0.0, 0.0],
+        bindings.MATMUL: [_f32(3, 4), _f32(4, 5), _f32(5), _f32(3, 5), 1, 3, 5, 4, 4, 5, 5, 0, 0, 0, 0, 0, 1,
+                          0, 0.0, 0.0],
+        bindings.GELU: [_f32(100), _f32(100), cdf, slope, 100, 1],
+    }
+
+
+CALLS = _calls()
+
+
+@pytest.mark.parametrize("fn", list(CALLS), ids=lambda f: f.symbol)
+def test_a_valid_call_runs(native, fn):
+    values = CALLS[fn]
+    native.get(fn)(*values)
+    written = next(v for a, v in zip(fn.args, values) if getattr(a, "write", False) and not getattr(a, "scratch", False))
+    assert np.isfinite(written).all()
+
+
+def _array_positions(fn) -> list[int]:
+    return [i for i, a in enumerate(fn.args) if isinstance(a, (bindings.Array, bindings.Matrix))
+            and CALLS[fn][i] is not None]
+
+
+def _misuses(fn) -> list[tuple[str, int, object]]:
+    """(what, position, bad value) for every array argument of a valid call."""
+    out = []
+    for i in _array_positions(fn):
+        arg, good = fn.args[i], CALLS[fn][i]
+        if not getattr(arg, "scratch", False):
+            out.append(("float64", i, good.astype(np.float64)))
+        out.append(("one float short", i, good.reshape(-1)[:-1] if isinstance(arg, bindings.Array)
+                    else good[:-1]))
+        out.append(("non-contiguous", i, np.repeat(good, 2, axis=-1)[..., ::2]))
+        out.append(("not an array", i, list(good.reshape(-1))))
+        if getattr(arg, "write", False):
+            frozen = good.copy()
+            frozen.flags.writeable = False
+            out.append(("read-only", i, frozen))
+        if not getattr(arg, "optional", False):
+            out.append(("NULL", i, None))
+    return out
+
+
+MISUSES = [(fn, what, i, bad) for fn in CALLS for what, i, bad in _misuses(fn)]
+
+
+@pytest.mark.parametrize("fn, what, position, bad", MISUSES,
+                         ids=[f"{fn.symbol}-{fn.args[i].name}-{what}" for fn, what, i, _ in MISUSES])
+def test_a_misfit_array_is_refused_before_the_call(native, fn, what, position, bad):
+    values = list(CALLS[fn])
+    values[position] = bad
+    before = [v.copy() if isinstance(v, np.ndarray) else v for v in values]
+    name = fn.args[position].name
+    with pytest.raises(KernelError, match=rf"native {fn.symbol}: .*{name}"):
+        native.get(fn)(*values)
+    for v, b in zip(values, before):  # nothing was written: the C code never ran
+        if isinstance(v, np.ndarray):
+            np.testing.assert_array_equal(v, b)
+
+
+BROKEN_RULES = [
+    (bindings.DWCONV2D, 5, 85, r"requires SH != 1 or SW != 1 or pitch >="),    # a padded plane does not fit
+    (bindings.DWCONV2D, 9, 3, r"requires M % mult == 0"),
+    (bindings.IM2COL2D, 2, 15, r"requires pitch >= \(r1 - r0\) \* OW"),
+    (bindings.IM2COL2D, 3, 5, r"requires r0 <= r1"),
+    (bindings.CONV2D, 13, 4, r"requires M % G == 0"),
+    (bindings.CONV2D, 6, 10, r"requires pointwise or not buffer or buffer >="),
+    (bindings.POOL2D, 4, 5, r"requires pitch >= W"),
+    (bindings.WINOGRAD, 5, 2303, r"requires v_floats >="),
+    (bindings.WINOGRAD, 8, 1, r"work must hold v_floats \+ min\(threads, max\(C, F\)\) \* slot_floats"),
+    (bindings.MATMUL, 8, 3, r"a must be a \(3, 4\) view with strides \(12, 4\)"),  # a pitch shorter than a row
+    (bindings.MATMUL, 17, 7, r"requires act <= 3"),
+    (bindings.GELU, 4, 101, r"x must hold n = 101 floats"),
+    (bindings.GELU, 5, 0, r"threads must be an integer >= 1"),
+    (bindings.POOL2D, 17, -1, r"PT must be an integer >= 0"),
+]
+
+
+@pytest.mark.parametrize("fn, position, value, why", BROKEN_RULES,
+                         ids=[f"{fn.symbol}-{fn.args[i].name}={v}" for fn, i, v, _ in BROKEN_RULES])
+def test_integers_that_break_the_contract_are_refused(native, fn, position, value, why):
+    values = list(CALLS[fn])
+    values[position] = value
+    with pytest.raises(KernelError, match=rf"native {fn.symbol}: {why}"):
+        native.get(fn)(*values)
+
+
+def test_the_abi_is_a_digest_of_the_sources():
+    from omrt.native.library import kernel_abi
+
+    assert re.fullmatch(r"[0-9a-f]{16}", kernel_abi())
+
+
+GUARDED = r'''
+import ctypes, mmap, sys
+import numpy as np
+sys.path.insert(0, {tests!r})
+from test_native_boundary import CALLS
+from omrt.native.build import build
+from omrt.native.loader import load
+
+PAGE = mmap.PAGESIZE
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+keep = []
+
+
+def guarded(a):
+    """A copy of `a` whose last byte is followed by an unmapped page: a read or write past it faults."""
+    pages = -(-a.nbytes // PAGE) + 1
+    m = mmap.mmap(-1, pages * PAGE)
+    base = ctypes.addressof(ctypes.c_char.from_buffer(m))
+    assert libc.mprotect(base + (pages - 1) * PAGE, PAGE, 0) == 0
+    out = np.frombuffer(m, a.dtype, a.size, (pages - 1) * PAGE - a.nbytes).reshape(a.shape)
+    out[...] = a
+    keep.append(m)
+    return out
+
+
+library = load([build(["conv", "elementwise", "linalg", "pool", "winograd"], lambda msg: None)], trusted=True)
+for fn, values in CALLS.items():
+    library.get(fn)(*[guarded(v) if isinstance(v, np.ndarray) else v for v in values])
+    print(fn.symbol, "ok")
+'''
+
+
+def test_valid_calls_stay_inside_their_arrays(native, tmp_path):
+    """Each array of a valid call ends against an unmapped page: the C code reading or writing one
+    float past what its contract states would kill the process."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "guarded.py"
+    script.write_text(GUARDED.format(tests=os.path.dirname(os.path.abspath(__file__))))
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.count(" ok") == len(CALLS)
