@@ -312,3 +312,23 @@ def test_scale_after_a_product_with_bias_is_not_folded(tmp_path):
              "z": RNG.standard_normal((5, 3)).astype(np.float32)}
     res = _run_both(m, feeds, tmp_path)
     assert [n.op_type for n in res.graph.nodes] == ["FusedMatMul", "FusedMatMul", "Div"]
+
+
+def test_an_input_type_the_operator_does_not_take_is_a_compile_error(tmp_path):
+    """Conv's X and W share one type T: float32 data with float16 filters (which the onnx checker
+    rejects) used to compile, and the native loop then read twice the filter bytes there were."""
+    w = numpy_helper.from_array(np.ones((4, 2, 3, 3), np.float16), "w")
+    node = helper.make_node("Conv", ["x", "w"], ["y"], name="conv1")
+    g = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 5, 5])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 3, 3])], [w])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    with pytest.raises(omrt.CompileError, match=r"node 'conv1' \(Conv\): inputs 'x' \(tensor\(float\)\) and 'w' "
+                                                r"\(tensor\(float16\)\) must have one type \(T\); cast one of them"):
+        omrt.compile(m, str(tmp_path / "bad.om"))
+    mask = helper.make_node("MatMul", ["a", "b"], ["p"], name="mask_product")
+    g = helper.make_graph([mask], "g", [helper.make_tensor_value_info(n, TensorProto.BOOL, [2, 2]) for n in "ab"],
+                          [helper.make_tensor_value_info("p", TensorProto.BOOL, [2, 2])])
+    with pytest.raises(omrt.CompileError, match=r"node 'mask_product' \(MatMul\): input 'a' \(A\) is tensor\(bool\), "
+                                                r"which MatMul does not take; it allows tensor\(bfloat16\), "):
+        omrt.compile(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(tmp_path / "m.om"))
+    assert not list(tmp_path.iterdir())

@@ -374,11 +374,11 @@ def test_scan8_batches_with_sequence_lengths(tmp_path):
                              [tensor("s_out", shape=[2]), tensor("y", shape=[2])])
     nodes = [helper.make_node("Scan", ["lens", "s0", "x"], ["s", "ys"], body=body, num_scan_inputs=1,
                               directions=[1])]
-    model = build(nodes, [tensor("lens", T.INT32, [2]), tensor("s0", shape=[2, 2]),
+    model = build(nodes, [tensor("lens", T.INT64, [2]), tensor("s0", shape=[2, 2]),
                           tensor("x", shape=[2, 3, 2])],
                   [tensor("s", shape=[2, 2]), tensor("ys", shape=[2, 3, 2])], opset=8)
     x = RNG.standard_normal((2, 3, 2)).astype(np.float32)
-    feeds = {"lens": np.int32([3, 2]), "s0": np.zeros((2, 2), np.float32), "x": x}
+    feeds = {"lens": np.int64([3, 2]), "s0": np.zeros((2, 2), np.float32), "x": x}
     got = compiled(tmp_path, model).session().run(feeds)
     np.testing.assert_allclose(got["s"], [x[0].sum(0), x[1, :2].sum(0)], rtol=1e-6)
     np.testing.assert_allclose(got["ys"][0], np.cumsum(x[0, ::-1], axis=0), rtol=1e-6)

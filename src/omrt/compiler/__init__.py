@@ -23,6 +23,7 @@ from ..native import build
 from ..plan import Program, lower, propagate
 from .importer import import_model, load_model
 from .passes import optimize, use_winograd
+from .typecheck import check_types
 
 
 @dataclass
@@ -88,6 +89,7 @@ def compile_model(model: Any, output: str | os.PathLike, shapes: Mapping[str, Se
     graph = import_model(proto, shapes)
     say("inferring shapes and folding constants")
     propagate(graph, fold=True)
+    check_types(graph)
     say("fusing")
     optimize(graph)
     library = _native_library(graph, say) if native else None
