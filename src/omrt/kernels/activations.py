@@ -15,9 +15,10 @@ from typing import ClassVar, Sequence
 import numpy as np
 
 from ..errors import ShapeError
+from ..memory import align
 from ..native.bindings import GELU
 from . import parallel
-from .base import OpContext, TensorInfo, aligned, numel, register
+from .base import OpContext, TensorInfo, numel, register
 from .elementwise import FLOAT, NUMERIC, Binary, Unary, _check_kind, _check_same_dtype
 
 
@@ -121,7 +122,7 @@ class Pointwise(Unary):
         return np.promote_types(dtype, np.float32)
 
     def _stride(self) -> int:
-        return aligned(self.step * self.work.itemsize)
+        return align(self.step * self.work.itemsize)
 
     def workspace(self) -> int:
         return self.buffers * self._stride() + self.masks * self.step

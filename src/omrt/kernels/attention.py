@@ -16,7 +16,8 @@ from typing import Sequence
 import numpy as np
 
 from ..errors import KernelError, ShapeError
-from .base import (Dim, Kernel, OpContext, Shape, TensorInfo, aligned, broadcast_shapes, normalize_axis,
+from ..memory import align
+from .base import (Dim, Kernel, OpContext, Shape, TensorInfo, broadcast_shapes, normalize_axis,
                    numel, onnx_dtype, register)
 
 _F32 = np.dtype(np.float32)
@@ -66,7 +67,7 @@ class Scratch:
 
     def add(self, name: str, dtype: np.dtype, shape: tuple[int, ...]) -> None:
         self.specs.append((name, np.dtype(dtype), tuple(shape), self.size))
-        self.size += aligned(numel(shape) * np.dtype(dtype).itemsize)
+        self.size += align(numel(shape) * np.dtype(dtype).itemsize)
 
     def views(self, workspace: np.ndarray | None) -> dict[str, np.ndarray]:
         return {name: workspace[off:off + numel(shape) * dt.itemsize].view(dt).reshape(shape)

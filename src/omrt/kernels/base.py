@@ -16,6 +16,7 @@ import numpy as np
 
 from ..errors import ShapeError, UnsupportedOpError
 from ..ir import Dim, Graph, Shape, TensorInfo, dtype_from_name
+from ..memory import align
 
 
 class Subgraph(Protocol):
@@ -289,13 +290,8 @@ def onnx_dtype(code: int, ctx: OpContext) -> np.dtype:
                          f"through the ml_dtypes package; install it, or cast to float32 instead") from None
 
 
-def aligned(nbytes: int) -> int:
-    """`nbytes` rounded up to a whole number of 64-byte cache lines: where workspace arrays start."""
-    return -(-nbytes // 64) * 64
-
-
 def carve(workspace: np.ndarray | None, *specs: tuple[tuple[int, ...], np.dtype]) -> list[np.ndarray]:
-    """Consecutive 64-byte aligned C-contiguous arrays of the given (shape, dtype) in a workspace."""
+    """Consecutive ALIGN-aligned C-contiguous arrays of the given (shape, dtype) in a workspace."""
     if workspace is None:
         workspace = np.empty(0, np.uint8)
     views = []
@@ -303,10 +299,10 @@ def carve(workspace: np.ndarray | None, *specs: tuple[tuple[int, ...], np.dtype]
     for shape, dtype in specs:
         nbytes = numel(shape) * np.dtype(dtype).itemsize
         views.append(workspace[offset:offset + nbytes].view(dtype).reshape(shape))
-        offset += aligned(nbytes)
+        offset += align(nbytes)
     return views
 
 
 def carve_size(*specs: tuple[tuple[int, ...], np.dtype]) -> int:
     """Workspace bytes `carve` needs for these arrays."""
-    return sum(aligned(numel(shape) * np.dtype(dtype).itemsize) for shape, dtype in specs)
+    return sum(align(numel(shape) * np.dtype(dtype).itemsize) for shape, dtype in specs)

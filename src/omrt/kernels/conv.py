@@ -15,10 +15,10 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ..errors import ShapeError
-from . import parallel, window
-from .base import (FUSED_ACTIVATIONS, Dim, Kernel, OpContext, TensorInfo, aligned, apply_activation,
-                   register)
+from ..memory import align
 from ..native.bindings import CONV2D, DWCONV2D, IM2COL2D, activation_code
+from . import parallel, window
+from .base import FUSED_ACTIVATIONS, Dim, Kernel, OpContext, TensorInfo, apply_activation, register
 from .window import (_Chunk, _chunks, _plan_chunks, _row_chunks, plane_scratch, sliding_window,
                      strided_columns, window_of)
 
@@ -142,7 +142,7 @@ class Conv(Kernel):
         self.step = _row_chunks(self.win.out[0], self.row_bytes)
         self.flat = all(s == 1 for s in self.win.strides) and self.win.out == self.win.size
         self.padded = self._padded_extent(channels, x.dtype.itemsize) if self.mode == "im2col" else None
-        self.pad_bytes = 0 if self.padded is None else aligned(channels * math.prod(self.padded) * x.dtype.itemsize)
+        self.pad_bytes = 0 if self.padded is None else align(channels * math.prod(self.padded) * x.dtype.itemsize)
         self.splits: dict[int, _Split] = {}
         self.cuts: dict[int, list[tuple[slice, slice, slice]]] = {}
         self.workspace_bytes = 0
@@ -252,7 +252,7 @@ class Conv(Kernel):
             step = max(1, self.step // slots)
         else:
             step = -(-rows // (-(-count // slots) * slots))
-        return step, aligned(step * self.row_bytes)
+        return step, align(step * self.row_bytes)
 
     def _split(self, threads: int) -> _Split:
         """The plan for `threads` threads (made on first use)."""

@@ -14,8 +14,9 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ..errors import ShapeError
+from ..memory import align
 from ..native.bindings import POOL2D
-from .base import Kernel, OpContext, TensorInfo, aligned, register
+from .base import Kernel, OpContext, TensorInfo, register
 from . import parallel, window
 from .window import Tap, Window, int_list, plane_scratch, sliding_window, window_of
 
@@ -103,7 +104,7 @@ class _WindowPool(Kernel):
         self.stage_bytes = max(t * self._slot_bytes(self._block(t))
                                for t in range(1, parallel.MAX_SLOTS + 1))
         native_2d = nd == 2 and x.dtype == np.float32
-        self.pitch_bytes = max(plane_scratch(w), aligned(w.size[-1] * x.dtype.itemsize)) if native_2d else 0
+        self.pitch_bytes = max(plane_scratch(w), align(w.size[-1] * x.dtype.itemsize)) if native_2d else 0
         """Scratch per thread of the native loop: planned whether or not the model has it."""
         self.stage_bytes = max(self.stage_bytes, parallel.MAX_SLOTS * self.pitch_bytes)
         self.native_pool = ctx.native.get(POOL2D) if ctx.native is not None and native_2d else None
@@ -122,7 +123,7 @@ class _WindowPool(Kernel):
         return -(-self.planes // threads)
 
     def _slot_bytes(self, block: int) -> int:
-        return sum(aligned(block * math.prod(sh) * self.inputs[0].dtype.itemsize) for sh in self.plane_shapes)
+        return sum(align(block * math.prod(sh) * self.inputs[0].dtype.itemsize) for sh in self.plane_shapes)
 
     def _reduce(self, ufunc: np.ufunc, x: np.ndarray, y: np.ndarray, workspace: np.ndarray | None,
                 finish: Callable[[np.ndarray], None] | None = None) -> None:
@@ -146,7 +147,7 @@ class _WindowPool(Kernel):
                     shape = (count,) + self.plane_shapes[d]
                     nbytes = math.prod(shape) * x.dtype.itemsize
                     dst = workspace[offset:offset + nbytes].view(x.dtype).reshape(shape)
-                    offset += aligned(block * math.prod(self.plane_shapes[d]) * x.dtype.itemsize)
+                    offset += align(block * math.prod(self.plane_shapes[d]) * x.dtype.itemsize)
                 else:
                     dst = ys[b0:b0 + count]
                 lead = (slice(None),) * (1 + d)

@@ -17,7 +17,8 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from ..errors import ShapeError
-from .base import Dim, OpContext, aligned
+from ..memory import align
+from .base import Dim, OpContext
 
 WORKSPACE_CAP = 1 << 20
 """Upper bound (bytes) of an im2col/col2im column buffer; bigger layers are processed in row chunks."""
@@ -243,7 +244,7 @@ def plane_scratch(win: Window) -> int:
     (oh, ow), (kh, kw), (dh, dw) = win.out, win.kernel, win.dilations
     padded_width = ow + (kw - 1) * dw
     floats = (2 * oh + (kh - 1) * dh) * padded_width + 2 * (kw - 1) * dw
-    return aligned(floats * 4)
+    return align(floats * 4)
 
 
 # ----------------------------------------------------------------------------- column buffers (im2col, col2im)

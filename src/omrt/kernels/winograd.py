@@ -16,9 +16,10 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from ..memory import align
 from ..native.bindings import WINOGRAD, activation_code
 from . import parallel
-from .base import OpContext, TensorInfo, aligned, register
+from .base import OpContext, TensorInfo, register
 from .conv import Conv
 from .window import window_of
 
@@ -73,7 +74,7 @@ class WinogradConv(Conv):
         oh, ow = self.win.out
         tw = -(-ow // 2)
         self.tiles = tw * -(-oh // 2)
-        self.rows_bytes = aligned(max(8 * (2 * tw + 2), 4 * tw) * 4)
+        self.rows_bytes = align(max(8 * (2 * tw + 2), 4 * tw) * 4)
         plans = {t: self._plan(t) for t in range(1, parallel.MAX_SLOTS + 1)}
         self.conv_workspace_bytes = self.workspace_bytes
         self.workspace_bytes = max(self.workspace_bytes,
@@ -98,7 +99,7 @@ class WinogradConv(Conv):
 
     def _products(self, filters: int, tiles: int) -> int:
         """Bytes of the products of one pass over `filters` filters and `tiles` tiles."""
-        return aligned(16 * min(filters, FILTERS_PER_PASS) * tiles * 4)
+        return align(16 * min(filters, FILTERS_PER_PASS) * tiles * 4)
 
     def _plan(self, threads: int) -> tuple[int, int, int, int]:
         """(bytes of a V, bytes of each thread's slot, tiles per chunk, shared) on `threads` threads.
@@ -110,10 +111,10 @@ class WinogradConv(Conv):
         n_images, channels = self.inputs[0].shape[:2]
         per_tile = 16 * (channels + min(self.filters, FILTERS_PER_PASS)) * 4
         if threads > 1 and n_images == 1 and self.tiles * per_tile <= SCRATCH_CAP:
-            return (aligned(16 * channels * self.tiles * 4),
+            return (align(16 * channels * self.tiles * 4),
                     self._products(-(-self.filters // threads), self.tiles) + self.rows_bytes, self.tiles, 1)
         per_chunk = max(1, min(self.tiles, SCRATCH_CAP // threads // per_tile))
-        v = aligned(16 * channels * per_chunk * 4)
+        v = align(16 * channels * per_chunk * 4)
         return v, v + self._products(self.filters, per_chunk) + self.rows_bytes, per_chunk, 0
 
     def run(self, inputs, outputs, workspace):

@@ -100,8 +100,8 @@ class SubgraphRunner:
             try:
                 if step.fits(vals):
                     results = [np.empty(o.shape, o.dtype) for o in step.outs]
-                    ws = np.empty(step.workspace, np.uint8) if step.workspace else None
-                    step.kernel.run(vals, results, ws)
+                    workspace = np.empty(step.workspace, np.uint8) if step.workspace else None
+                    step.kernel.run(vals, results, workspace)
                 else:
                     infos = [info_of(a, g.infos.get(v)) if v else None for v, a in zip(node.inputs, vals)]
                     results = execute(cls, ctx, vals, infos, infer_outputs(cls, ctx, infos))
@@ -141,12 +141,12 @@ def execute(cls: type[Kernel], ctx: OpContext, arrays: Sequence[Any],
     if _passes_through(cls, infos):
         return [arrays[0]]
     kernel = cls(ctx, infos, outs)
-    nws = kernel.workspace()
-    ws = np.empty(nws, np.uint8) if nws else None
+    nbytes = kernel.workspace()
+    workspace = np.empty(nbytes, np.uint8) if nbytes else None
     if cls.dynamic or not all(o.static for o in outs):
-        return list(kernel.run(list(arrays), [None] * len(outs), ws))
+        return list(kernel.run(list(arrays), [None] * len(outs), workspace))
     results = [np.empty(o.shape, o.dtype) for o in outs]
-    kernel.run(list(arrays), results, ws)
+    kernel.run(list(arrays), results, workspace)
     return results
 
 
