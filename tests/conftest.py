@@ -95,3 +95,17 @@ def default_threads() -> Iterator[None]:
     omrt.set_num_threads(TEST_THREADS)
     yield
     omrt.set_num_threads(TEST_THREADS)
+
+
+@pytest.fixture(scope="session")
+def native():
+    """A native library of every C unit, built once and loaded (trusted) for the whole run."""
+    from omrt.native.build import build
+    from omrt.native.loader import load
+
+    record = build(["conv", "elementwise", "linalg", "pool", "winograd"], lambda msg: None)
+    if record is None:
+        pytest.skip("no C compiler on this host")
+    library = load([record], trusted=True)
+    assert record.status == "loaded", record.status
+    return library

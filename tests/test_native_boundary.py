@@ -12,9 +12,7 @@ import pytest
 from omrt.errors import KernelError
 from omrt.kernels.activations import _gelu_table
 from omrt.native import bindings
-from omrt.native.build import build
 from omrt.native.library import SOURCES
-from omrt.native.loader import load
 
 
 def _exported_prototypes() -> dict[str, str]:
@@ -36,15 +34,11 @@ def test_every_exported_c_function_has_a_binding_that_matches_its_prototype():
         assert fn.prototype() == exported[fn.symbol]
 
 
-@pytest.fixture(scope="module")
-def native():
-    record = build(["conv", "elementwise", "linalg", "pool", "winograd"], lambda msg: None)
-    if record is None:
-        pytest.skip("no C compiler on this host")
-    library = load([record], trusted=True)
-    if not library.blas:
+@pytest.fixture
+def native(native):
+    if not native.blas:
         pytest.skip("numpy's BLAS offers no CBLAS sgemm here")
-    return library
+    return native
 
 
 def _f32(*shape: int) -> np.ndarray:

@@ -12,11 +12,9 @@ from hypothesis import strategies as st
 
 from kernel_check import check, randn, reference, run_kernel
 import omrt
-from omrt.native.build import build
 from omrt.kernels import OpContext, TensorInfo, lookup, winograd
 from omrt.kernels import parallel
 from omrt.kernels import window as window_module
-from omrt.native.loader import load
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
@@ -33,16 +31,6 @@ def _activated(y: np.ndarray, act: str | None) -> np.ndarray:
 
 ACTS = {None: {}, "Relu": {"_act": "Relu"}, "Clip": {"_act": "Clip", "_act_alpha": -0.5, "_act_beta": 0.5},
         "LeakyRelu": {"_act": "LeakyRelu", "_act_alpha": 0.1}}
-
-
-@pytest.fixture(scope="module")
-def native():
-    record = build(["conv", "elementwise", "linalg", "pool", "winograd"], lambda msg: None)
-    if record is None:
-        pytest.skip("no C compiler on this host")
-    library = load([record], trusted=True)
-    assert record.status == "loaded", record.status
-    return library
 
 
 @pytest.fixture(scope="module")

@@ -45,10 +45,6 @@ class Array:
     scratch: bool = False
     """Workspace bytes of any dtype (sized in floats, 4-byte aligned), not a float32 tensor."""
 
-    @property
-    def ctype(self) -> str:
-        return f"{'' if self.write else 'const '}float *{self.name}"
-
 
 @dataclass(frozen=True)
 class Matrix:
@@ -65,20 +61,12 @@ class Matrix:
     transposed: str = ""
     write: bool = False
 
-    @property
-    def ctype(self) -> str:
-        return f"{'' if self.write else 'const '}float *{self.name}"
-
 
 @dataclass(frozen=True)
 class Address:
     """`void *name`: an address omrt found itself (a BLAS entry point), passed as it is."""
 
     name: str
-
-    @property
-    def ctype(self) -> str:
-        return f"void *{self.name}"
 
 
 @dataclass(frozen=True)
@@ -88,10 +76,6 @@ class Int:
     name: str
     minimum: int = 0
 
-    @property
-    def ctype(self) -> str:
-        return f"int64_t {self.name}"
-
 
 @dataclass(frozen=True)
 class Float:
@@ -99,15 +83,20 @@ class Float:
 
     name: str
 
-    @property
-    def ctype(self) -> str:
-        return f"float {self.name}"
-
 
 Arg = Array | Matrix | Address | Int | Float
 
 _CTYPES = {Array: ctypes.c_void_p, Matrix: ctypes.c_void_p, Address: ctypes.c_void_p, Int: ctypes.c_int64,
            Float: ctypes.c_float}
+
+_SCALAR_DECLARATIONS = {Address: "void *", Int: "int64_t ", Float: "float "}
+
+
+def declaration(arg: Arg) -> str:
+    """How the C prototype declares `arg`: `const float *x`, `int64_t n`, ..."""
+    if isinstance(arg, (Array, Matrix)):
+        return f"{'' if arg.write else 'const '}float *{arg.name}"
+    return _SCALAR_DECLARATIONS[type(arg)] + arg.name
 
 PROVED = 256
 """Distinct scalar sets a function remembers as proved (a model calls it with a few each)."""
@@ -175,7 +164,7 @@ class Function:
 
     def prototype(self) -> str:
         """The C prototype this binding calls, e.g. `void f(const float *x, int64_t n)`."""
-        return f"void {self.symbol}({', '.join(a.ctype for a in self.args)})"
+        return f"void {self.symbol}({', '.join(declaration(a) for a in self.args)})"
 
     def _fail(self, why: str) -> KernelError:
         return KernelError(f"native {self.symbol}: {why}; the kernel's arguments break the C function's "
