@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
-from typing import Any, Sequence
+from typing import Any, Callable, ContextManager, Iterator, Sequence
 
 import numpy as np
 import onnx
@@ -12,6 +13,7 @@ from onnx import helper
 from onnx.backend.base import Backend, BackendRep, Device, DeviceType
 
 import omrt
+from omrt.kernels import parallel, winograd
 
 
 # The one list of official ONNX backend tests omrt does not pass, each with the reason. Keys are
@@ -33,8 +35,9 @@ UNSUPPORTED: dict[str, str] = {
 class OmrtRep(BackendRep):
     """A model compiled to `.om` and loaded; `run` feeds inputs positionally."""
 
-    def __init__(self, model: omrt.Model) -> None:
+    def __init__(self, model: omrt.Model, running: Callable[[], ContextManager]) -> None:
         self.model = model
+        self.running = running
         self.session = model.session()
 
     def run(self, inputs: Any, **kwargs: Any) -> tuple[np.ndarray, ...]:
@@ -42,19 +45,44 @@ class OmrtRep(BackendRep):
             inputs = [inputs]
         feeds = dict(inputs) if isinstance(inputs, dict) else {
             s.name: np.asarray(x) if s.kind == "tensor" else x for s, x in zip(self.model.inputs, inputs)}
-        out = self.session.run(feeds)
+        with self.running():
+            out = self.session.run(feeds)
+        if self.model.native is not None and self.model.native.calls():
+            NATIVE_RUNS.append(self.model.native.calls())
         return tuple(out[s.name] for s in self.model.outputs)
 
 
+NATIVE_RUNS: list[dict[str, int]] = []
+"""Per model run that reached the native library: C function -> calls (the native backend's
+report of how much of the suite exercised native code)."""
+
+
 class OmrtBackend(Backend):
-    """Compiles every model to a `.om` file in a temporary folder, then loads it like a user would."""
+    """Compiles every model to a `.om` file in a temporary folder, then loads it like a user would.
+
+    This one tests the numpy kernels: models are compiled without their native library."""
+
+    native = False
 
     @classmethod
     def prepare(cls, model: onnx.ModelProto, device: str = "CPU", **kwargs: Any) -> OmrtRep:
         with tempfile.TemporaryDirectory(prefix="omrt-backend-") as tmp:
             path = os.path.join(tmp, "model.om")
-            omrt.compile(model, path)
-            return OmrtRep(omrt.load(path))
+            with cls.compiling():
+                omrt.compile(model, path, native=cls.native)
+            return OmrtRep(omrt.load(path, trust_kernels=cls.native), cls.running)
+
+    @classmethod
+    @contextlib.contextmanager
+    def compiling(cls) -> Iterator[None]:
+        """Settings the compile runs under (none for the numpy kernels)."""
+        yield
+
+    @classmethod
+    @contextlib.contextmanager
+    def running(cls) -> Iterator[None]:
+        """Settings a run runs under (none for the numpy kernels)."""
+        yield
 
     @classmethod
     def run_model(cls, model: onnx.ModelProto, inputs: Any, device: str = "CPU",
@@ -78,6 +106,37 @@ class OmrtBackend(Backend):
     @classmethod
     def supports_device(cls, device: str) -> bool:
         return Device(device).type == DeviceType.CPU
+
+
+class OmrtNativeBackend(OmrtBackend):
+    """The same, with each model's native library packed, trusted and run on two threads, and the
+    size thresholds that keep small layers off the native paths lowered so that the suite's small
+    shapes reach the C code: every 3x3 stride-1 float convolution becomes a Winograd one, and
+    every native call splits its work over the threads."""
+
+    native = True
+
+    @classmethod
+    @contextlib.contextmanager
+    def compiling(cls) -> Iterator[None]:
+        saved = winograd.MIN_CHANNELS, winograd.MAX_FILTER_BYTES_PER_POSITION
+        winograd.MIN_CHANNELS, winograd.MAX_FILTER_BYTES_PER_POSITION = 1, 1 << 62
+        try:
+            yield
+        finally:
+            winograd.MIN_CHANNELS, winograd.MAX_FILTER_BYTES_PER_POSITION = saved
+
+    @classmethod
+    @contextlib.contextmanager
+    def running(cls) -> Iterator[None]:
+        saved = omrt.get_num_threads(), parallel.NATIVE_SPLIT_FLOPS, parallel.NATIVE_SPLIT_BYTES
+        omrt.set_num_threads(2)
+        parallel.NATIVE_SPLIT_FLOPS = parallel.NATIVE_SPLIT_BYTES = 0
+        try:
+            yield
+        finally:
+            omrt.set_num_threads(saved[0])
+            parallel.NATIVE_SPLIT_FLOPS, parallel.NATIVE_SPLIT_BYTES = saved[1:]
 
 
 prepare = OmrtBackend.prepare

@@ -110,9 +110,11 @@ class _Product:
         a, b, out = (_drop_leading_ones(x) for x in (a, b, out))
         batch = out.shape[0] if out.ndim == 3 else 1
         views = [_blas_operand(x, batch) for x in (a, b, out)]
+        if None in views or views[2][1]:  # a vector (1-d operand), or a layout BLAS cannot read
+            return False
         m, n = out.shape[-2:]
         k = a.shape[-1]
-        if (None in views or views[2][1] or 0 in (m, n, k) or a.ndim > out.ndim or b.ndim > out.ndim
+        if (0 in (m, n, k) or a.ndim > out.ndim or b.ndim > out.ndim
                 or np.may_share_memory(out, a) or np.may_share_memory(out, b)):
             return False
         (lda, ta, sa), (ldb, tb, sb), (ldc, _, sc) = views

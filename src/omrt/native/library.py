@@ -43,9 +43,12 @@ class Bound:
     def __init__(self, function: Function, cfunc: Any) -> None:
         self.function = function
         self._cfunc = cfunc
+        self.calls = 0
+        """How many times it ran (omrt.backend's native run reports which models reached C)."""
 
     def __call__(self, *values: Any) -> None:
         self._cfunc(*self.function.check(values))
+        self.calls += 1
 
     def partial(self, *tail: Any) -> Callable[..., None]:
         """This function with its last arguments bound (a layer's geometry, fixed at load): call
@@ -75,6 +78,10 @@ class Library:
         cfunc = getattr(self._cdll, fn.symbol)
         cfunc.argtypes, cfunc.restype = fn.argtypes, None
         return cfunc
+
+    def calls(self) -> dict[str, int]:
+        """symbol -> how many times this model ran it."""
+        return {symbol: bound.calls for symbol, bound in self._bound.items() if bound.calls}
 
     def get(self, fn: Function) -> Bound | None:
         """The checked callable for `fn`, or None when the library was built without its unit
