@@ -3,14 +3,14 @@
     python benchmarks/compare.py                                  # the whole suite, 1 and 2 threads
     python benchmarks/compare.py --models squeezenet,mlp --runs 50 --threads 1 --json out.json --png out.png
 
-The suite: the nine light models the onnx package ships (their architectures, with weights
-redrawn by `omrt.zoo.redrawn`, seeded, so that the output check means something), an MLP (3
-layers, 1024 wide, batch 64, MatMul+Add+Relu), an image preprocessing model over a 1080p uint8 HWC frame (Cast, Sub, Div,
-Transpose to CHW), `transformer` (a BERT-base-like encoder, TRANSFORMER_LAYERS layers, sequence
-128, in the ops exporters emit) and `big_mlp` (over 500 MB of weights: 8 layers of 4096x4096
-MatMul+Add+Relu, batch 8); when omrt registers a Resize kernel the suite also has
-`preprocess_resize` (the same, then a linear Resize to 540x960). Synthetic models get
-deterministic random weights.
+The suite: the nine light models the onnx package ships (their architectures, with weights redrawn
+by `omrt.zoo.redrawn`, seeded, so that the output check means something), an MLP (3 layers, 1024
+wide, batch 64, MatMul+Add+Relu), an image preprocessing model over a 1080p uint8 HWC frame (Cast,
+Sub, Div, Transpose to CHW), `transformer` (a BERT-base-like encoder, TRANSFORMER_LAYERS layers,
+sequence 128, in the ops exporters emit) and `big_mlp` (over 500 MB of weights: 8 layers of
+4096x4096 MatMul+Add+Relu, batch 8); when omrt registers a Resize kernel the suite also has
+`preprocess_resize` (the same, then a linear Resize to 540x960). Synthetic models get deterministic
+random weights.
 
 Each model is measured in a subprocess of its own (so one model's memory never weighs on the
 next), started with OPENBLAS_NUM_THREADS=1. In it the model is compiled once and measured at each

@@ -55,9 +55,10 @@ def _calls() -> dict:
         bindings.IM2COL2D: [_f32(2, 4, 4), _f32(2 * 9, 16), 16, 0, 4, 2, 4, 4, 4, *window3],
         bindings.CONV2D: [_f32(1, 4, 5, 5), _f32(6, 2, 3, 3), _f32(6), _f32(1, 6, 5, 5), _f32(36 * 25), 5, 0, 1,
                           1, 4, 5, 5, 6, 2, 5, 5, *window3, 1, 0.0, 0.0],
-        bindings.POOL2D: [_f32(4, 6, 6), _f32(4, 3, 3), None, _f32(6), 6, 1, 4, 6, 6, 3, 3, 2, 2, 2, 2, 1, 1, 0, 0, 1],
-        bindings.WINOGRAD: [_f32(1, 16, 6, 6), _f32(16, 16, 16), _f32(16), _f32(1, 16, 6, 6), _f32(4672), 2304, 4672,
-                            9, 0, 64, 1, 1, 16, 6, 6, 16, 6, 6, 1, 1, 0, 0.0, 0.0],
+        bindings.POOL2D: [_f32(4, 6, 6), _f32(4, 3, 3), None, _f32(6), 6, 1, 4, 6, 6, 3, 3, 2, 2, 2, 2, 1, 1, 0, 0,
+                          1],
+        bindings.WINOGRAD: [_f32(1, 16, 6, 6), _f32(16, 16, 16), _f32(16), _f32(1, 16, 6, 6), _f32(4672), 2304,
+                            4672, 9, 0, 64, 1, 1, 16, 6, 6, 16, 6, 6, 1, 1, 0, 0.0, 0.0],
         bindings.MATMUL: [_f32(3, 4), _f32(4, 5), _f32(5), _f32(3, 5), 1, 3, 5, 4, 4, 5, 5, 0, 0, 0, 0, 0, 1,
                           0, 0.0, 0.0],
         bindings.GELU: [_f32(100), _f32(100), cdf, slope, 100, 1],
@@ -71,7 +72,8 @@ CALLS = _calls()
 def test_a_valid_call_runs(native, fn):
     values = CALLS[fn]
     native.get(fn)(*values)
-    written = next(v for a, v in zip(fn.args, values) if getattr(a, "write", False) and not getattr(a, "scratch", False))
+    written = next(v for a, v in zip(fn.args, values)
+                   if getattr(a, "write", False) and not getattr(a, "scratch", False))
     assert np.isfinite(written).all()
 
 

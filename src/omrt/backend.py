@@ -29,6 +29,11 @@ UNSUPPORTED: dict[str, str] = {
     r"^test_gradient_of_": "Gradient (ai.onnx.preview.training) needs automatic differentiation",
     r"^test_loop16_seq_none": "the suite's comparison calls len() on the 0-d tensor inside the expected "
                               "sequence and raises for any backend (omrt's output equals the expected one)",
+    r"^test_squeezenet": "the suite compares the softmax of 1,000 equal logits of about 9.5e9 (the shipped "
+                         "weights are constant): uniform only when every class is summed in the same order, "
+                         "which no BLAS promises across CPUs and thread splits (it fails on AVX2 kernels "
+                         "and on two threads); omrt's logits match ONNX Runtime's to 3e-7 of their "
+                         "magnitude (tests/test_light_models.py)",
 }
 
 

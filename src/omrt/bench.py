@@ -14,12 +14,13 @@ Per thread count n:
 - ORT IOBinding: the same session, inputs bound with `bind_cpu_input`, outputs bound to
   preallocated numpy buffers, `run_with_iobinding`.
 
-All three get the same input arrays, and omrt's outputs are checked against ORT's once: the
-largest difference relative to the output's largest magnitude (`omrt.zoo.scaled_error`) must
-stay within TOLERANCE, which holds whatever order either runtime sums in. Warm-up runs come first, then the timed runs go in interleaved blocks (omrt, ORT run,
-ORT IOBinding, omrt, ...) so that drift in machine load falls on all three alike, each block after
-a pause of SETTLE_S (ORT's threads spin on after its runs, and would slow the block after its);
-medians and 90th percentiles are reported, and the ratio omrt/ORT of medians.
+All three get the same input arrays, and omrt's outputs are checked against ORT's once: the largest
+difference relative to the output's largest magnitude (`omrt.zoo.scaled_error`) must stay within
+TOLERANCE, which holds whatever order either runtime sums in. Warm-up runs come first, then the
+timed runs go in interleaved blocks (omrt, ORT run, ORT IOBinding, omrt, ...) so that drift in
+machine load falls on all three alike, each block after a pause of SETTLE_S (ORT's threads spin on
+after its runs, and would slow the block after its); medians and 90th percentiles are reported, and
+the ratio omrt/ORT of medians.
 
 Inputs are drawn from one numpy generator seeded with `seed`, in the model's input order: floats
 uniform in [0, 1), uint8 uniform over 0..255, bool true with probability 1/2, other integers

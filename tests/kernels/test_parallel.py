@@ -93,6 +93,7 @@ def test_thread_count_must_be_positive():
 
 
 def test_blas_is_pinned_to_one_thread_and_given_back():
+    omrt.set_num_threads(1)
     before = blas_threads()
     if before is None:
         pytest.skip("numpy here does not use OpenBLAS")
@@ -108,6 +109,7 @@ def test_blas_is_pinned_to_one_thread_and_given_back():
 
 
 def test_without_openblas_threads_still_work_with_a_warning(monkeypatch):
+    omrt.set_num_threads(1)
     blas = OpenBlas.__new__(OpenBlas)
     blas.set = blas.get = None
     monkeypatch.setattr(parallel, "openblas", lambda: blas)

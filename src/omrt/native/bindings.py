@@ -24,8 +24,8 @@ def activation_code(attrs: dict) -> tuple[int, float, float] | None:
 
 def _window(*extra: Int) -> tuple[Int, ...]:
     """The 2-d window arguments the conv and pool loops share."""
-    return (Int("KH", 1), Int("KW", 1), Int("SH", 1), Int("SW", 1), Int("DH", 1), Int("DW", 1), Int("PT"), Int("PL"),
-            *extra)
+    return (Int("KH", 1), Int("KW", 1), Int("SH", 1), Int("SW", 1), Int("DH", 1), Int("DW", 1),
+            Int("PT"), Int("PL"), *extra)
 
 
 _ACT = (Int("act"), Float("alpha"), Float("beta"))
@@ -71,7 +71,8 @@ POOL2D = Function(
     (Array("x", "planes * H * W"), Array("y", "planes * OH * OW", write=True),
      Array("inv_count", "0 if is_max else OH * OW"),
      Array("scratch", "pitch * min(threads, planes)", write=True, scratch=True),
-     Int("pitch"), Int("threads", 1), Int("planes"), Int("H"), Int("W"), Int("OH"), Int("OW"), *_window(Int("is_max"))),
+     Int("pitch"), Int("threads", 1), Int("planes"), Int("H"), Int("W"), Int("OH"), Int("OW"),
+     *_window(Int("is_max"))),
     requires=("pitch >= W", f"SH != 1 or SW != 1 or pitch >= {_PADDED_PLANE} + 2 * (KW - 1) * DW", _TAPS,
               "is_max <= 1"))
 
@@ -96,8 +97,8 @@ MATMUL = Function(
     "linalg", "omrt_matmul_f32",
     (Matrix("a", "M", "K", "lda", "sa", "batch", "ta"), Matrix("b", "K", "N", "ldb", "sb", "batch", "tb"),
      Array("bias", "N", optional=True), Matrix("c", "M", "N", "ldc", "sc", "batch", write=True),
-     Int("batch", 1), Int("M", 1), Int("N", 1), Int("K", 1), Int("lda"), Int("ldb"), Int("ldc"), Int("ta"), Int("tb"),
-     Int("sa"), Int("sb"), Int("sc"), Int("threads", 1), *_ACT),
+     Int("batch", 1), Int("M", 1), Int("N", 1), Int("K", 1), Int("lda"), Int("ldb"), Int("ldc"), Int("ta"),
+     Int("tb"), Int("sa"), Int("sb"), Int("sc"), Int("threads", 1), *_ACT),
     requires=("ta <= 1", "tb <= 1", _ACT_KNOWN),
     blas=True)
 

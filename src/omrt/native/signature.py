@@ -155,7 +155,8 @@ class Function:
         names = ", ".join(a.name for a in self.args)
         code = compile(f"lambda {names}: ({body})", f"<{self.symbol} contract>", "eval")
         object.__setattr__(self, "_figures", eval(code, {"min": min, "max": max, **CONSTANTS}))
-        object.__setattr__(self, "_scalars", tuple(i for i, a in enumerate(self.args) if isinstance(a, (Int, Float))))
+        scalars = tuple(i for i, a in enumerate(self.args) if isinstance(a, (Int, Float)))
+        object.__setattr__(self, "_scalars", scalars)
         object.__setattr__(self, "_proved", {})
 
     @property
@@ -183,7 +184,8 @@ class Function:
             needs = self._prove(values, key)
         out = list(values)
         for i, arg, need in needs:
-            out[i] = self._array(arg, values[i], need) if type(arg) is Array else self._matrix(arg, values[i], need)
+            check = self._array if type(arg) is Array else self._matrix
+            out[i] = check(arg, values[i], need)
         return out
 
     def _prove(self, values: Sequence[Any], key: tuple) -> list[tuple[int, Arg, Any]]:
