@@ -22,7 +22,6 @@ from omrt.kernels import parallel, winograd
 UNSUPPORTED: dict[str, str] = {
     r"^test_bernoulli": "random output: the suite compares one particular seeded draw",
     r"^test_training_dropout": "random mask: the suite compares one particular seeded draw",
-    r"^test_cast_e8m0_": "casting to float8e8m0 is not implemented",
     r"^test_flexattention": "FlexAttention (ai.onnx.preview) takes score and mask sub-graphs: not implemented",
     r"^test_image_decoder_decode_(jpeg|jpeg2k|webp)_": "JPEG, JPEG 2000 and WebP need decoders the standard "
                                                         "library lacks (PNG, BMP, PNM, TIFF are decoded)",

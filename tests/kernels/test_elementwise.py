@@ -505,7 +505,80 @@ def test_bfloat16_and_float8_through_ml_dtypes():
 
 
 def test_cast_unsupported_types_named():
-    with pytest.raises(ShapeError, match="float8_e8m0"):
-        run_kernel("Cast", [randn(3)], {"to": 24}, opset=24)
     with pytest.raises(ShapeError, match="complex"):
         run_kernel("Cast", [randn(3)], {"to": 14})
+
+
+# ----------------------------------------------------------------------------- float8e8m0
+
+E8M0 = 24
+E8M0_MIN, E8M0_MAX, E8M0_NAN = 0x00, 0xFE, 0xFF  # bit patterns: 2**-127, 2**127, NaN
+
+
+def e8m0_bits(x, opset=25, **attrs):
+    """omrt's cast of `x` to float8e8m0 as bit patterns (the harness cannot compare its NaNs)."""
+    got = run_kernel("Cast", [x], {"to": E8M0, **attrs}, opset=opset)[0]
+    assert got.dtype.name == "float8_e8m0fnu"
+    return got.view(np.uint8)
+
+
+@pytest.mark.parametrize("round_mode", ["up", "down", "nearest"])
+@pytest.mark.parametrize("saturate", [1, 0])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_cast_to_e8m0_matches_reference(round_mode, saturate, dtype):
+    info = np.finfo(dtype)
+    powers = np.ldexp(1.0, np.arange(info.minexp, info.maxexp)).astype(dtype)
+    x = np.concatenate([powers, powers * dtype(1.5), powers * dtype(1.25), powers * dtype(1.75),
+                        np.abs(randn(64)).astype(dtype) * dtype(10), [info.max]]).astype(dtype)
+    attrs = {"to": E8M0, "round_mode": round_mode, "saturate": saturate}
+    want = reference("Cast", [x], attrs, opset=25)[0]
+    np.testing.assert_array_equal(e8m0_bits(x, **attrs), want.view(np.uint8))
+    np.testing.assert_array_equal(e8m0_bits(-x, **attrs), want.view(np.uint8))  # as |x|
+
+
+def test_cast_to_e8m0_round_modes():
+    x = np.array([1.0, 1.25, 1.5, 1.75, 3.0, 0.75 * 2.0 ** -127], np.float32)
+    assert list(e8m0_bits(x, round_mode="up")) == [127, 128, 128, 128, 129, E8M0_MIN]
+    assert list(e8m0_bits(x, round_mode="down")) == [127, 127, 127, 127, 128, E8M0_MIN]  # saturated
+    assert list(e8m0_bits(x, round_mode="nearest")) == [127, 127, 128, 128, 129, E8M0_MIN]
+    assert list(e8m0_bits(x)) == list(e8m0_bits(x, opset=21))  # "up" by default, and before 24
+    # float64 inputs are rounded as they are, not through float32 (where 1 + 2**-40 is 1)
+    assert list(e8m0_bits(np.array([1 + 2.0 ** -40]), round_mode="up")) == [128]
+
+
+def test_cast_to_e8m0_special_values():
+    """The spec's table, with 1e-45 below E8M0_MIN and 2**127 * 1.5 above E8M0_MAX."""
+    x = np.array([0.0, -0.0, np.nan, np.inf, -np.inf, 2.0 ** 127 * 1.5, 1e-45, 2.0 ** -127], np.float32)
+    got = e8m0_bits(x, saturate=1, round_mode="up")
+    np.testing.assert_array_equal(got, [E8M0_MIN, E8M0_MIN, E8M0_NAN, E8M0_MAX, E8M0_MAX, E8M0_MAX,
+                                        E8M0_MIN, E8M0_MIN])
+    got = e8m0_bits(x, saturate=0, round_mode="nearest")
+    np.testing.assert_array_equal(got, [E8M0_NAN] * 7 + [E8M0_MIN])
+    got = e8m0_bits(np.array([2.0 ** 127 * 1.25, 2.0 ** 127 * 1.75, 2.0 ** 200]), saturate=0)
+    np.testing.assert_array_equal(got, [E8M0_NAN] * 3)
+    assert list(e8m0_bits(x[5:6], saturate=0, round_mode="down")) == [E8M0_MAX]
+
+
+def test_cast_from_e8m0_and_strings():
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    x = np.array([E8M0_MIN, 1, 126, 127, E8M0_MAX, E8M0_NAN], np.uint8).view(ml_dtypes.float8_e8m0fnu)
+    for to, dtype in ((1, np.float32), (10, np.float16), (11, np.float64)):
+        got = run_kernel("Cast", [x], {"to": to}, opset=25)[0]
+        np.testing.assert_array_equal(got, x.astype(dtype))
+        np.testing.assert_array_equal(got, reference("Cast", [x], {"to": to}, opset=25)[0])
+    strings = np.array(["3", "0", "INF", "NaN", "0.124"], dtype=object)
+    np.testing.assert_array_equal(e8m0_bits(strings), [129, E8M0_MIN, E8M0_MAX, E8M0_NAN, 124])
+
+
+def test_castlike_e8m0():
+    x = np.array([0.0, 0.3, 1.5, 3.0, np.inf, np.nan], np.float32)
+    like = run_kernel("Cast", [np.ones(1, np.float32)], {"to": E8M0}, opset=25)[0]
+    for attrs in ({}, {"round_mode": "down"}, {"round_mode": "nearest", "saturate": 0}):
+        got = run_kernel("CastLike", [x, like], attrs, opset=25)[0]
+        np.testing.assert_array_equal(got.view(np.uint8), e8m0_bits(x, **attrs))
+
+
+def test_cast_round_mode_checked():
+    for op, inputs in (("Cast", [randn(3)]), ("CastLike", [randn(3), randn(1)])):
+        with pytest.raises(ShapeError, match="test: .*round_mode 'ceil' is not one of up, down, nearest"):
+            run_kernel(op, inputs, {"to": E8M0, "round_mode": "ceil"}, opset=25)

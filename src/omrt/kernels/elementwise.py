@@ -457,13 +457,48 @@ class Clip(Unary):
 _FLOAT8_MAX = {"float8_e4m3fn": 448.0, "float8_e4m3fnuz": 240.0, "float8_e5m2": 57344.0,
                "float8_e5m2fnuz": 57344.0}
 
+_E8M0_RANGE = (2.0 ** -127, 2.0 ** 127)
+"""float8e8m0's smallest and largest values: it holds the powers of two between them and NaN."""
+
+_E8M0_ROUND = {"up": np.nextafter(0.5, 1.0), "down": 1.0, "nearest": 0.75}
+"""Cast to float8e8m0 writes |x| = m * 2**e (m in [0.5, 1)) as 2**(e-1) when m is below the
+round_mode's threshold, else as 2**e: "up" only keeps a power of two (m = 0.5), "nearest" goes
+down below the midpoint 1.5 * 2**(e-1) ("ties round up"), "down" always goes down."""
+
+
+def _round_mode(ctx: OpContext) -> str:
+    """The node's round_mode (opset 24, "up" by default), or a ShapeError naming the choices."""
+    mode = ctx.attr("round_mode", "up")
+    if mode not in _E8M0_ROUND:
+        raise ShapeError(f"{ctx.name}: {ctx.op_type} round_mode {mode!r} is not one of "
+                         f"{', '.join(_E8M0_ROUND)}; set one of them or leave it out (up)")
+    return mode
+
+
+def _to_e8m0(x: np.ndarray, round_mode: str, saturate: bool) -> np.ndarray:
+    """The float64 powers of two (or NaN) a cast of `x` to float8e8m0 stores.
+
+    |x| is rounded by `round_mode`; a result outside the type's range, 0 and Inf included, is
+    clipped to its nearer end under `saturate` and NaN without ("saturate + up: 0 -> 0 [the
+    smallest value], Inf -> E8M0_MAX"; "non-saturate + nearest: 0, Inf, x > E8M0_MAX,
+    x < E8M0_MIN -> NaN"). Negative inputs, whose cast the spec leaves undefined, are cast as their
+    magnitude, as in the onnx reference implementation.
+    """
+    a = np.clip(np.abs(x.astype(np.float64)), 2.0 ** -128, 2.0 ** 128)  # 0, Inf: just outside
+    m, e = np.frexp(a)
+    p = np.ldexp(np.sign(a), e - (m < _E8M0_ROUND[round_mode]))  # sign(a): 1, or NaN for NaN
+    lo, hi = _E8M0_RANGE
+    return np.clip(p, lo, hi) if saturate else np.where((p < lo) | (p > hi), np.nan, p)
+
 
 @register("Cast", since=6)
 class Cast(Kernel):
     """Conversion to the dtype `to` names, numpy casting rules plus ONNX's string and float8 rules.
 
     "Casting from floating point to bool: +/- 0.0 to False; all else to True"; integers wrap
-    ("200 (int16) -> -56 (int8)"); float8 casts saturate by default ("Inf -> FLT_MAX").
+    ("200 (int16) -> -56 (int8)"); float8 casts saturate by default ("Inf -> FLT_MAX"). Casts to
+    float8e8m0 round to a power of two "using the `round_mode` and `saturate` attributes"
+    (`_to_e8m0`).
     """
 
     inplace = {0: 0}
@@ -480,7 +515,8 @@ class Cast(Kernel):
     def infer(cls, ctx, inputs):
         x = inputs[0]
         dtype = cls.target(ctx, inputs)
-        if dtype.name.startswith("float8_e8m0") or "c" in (x.dtype.kind, dtype.kind):
+        _round_mode(ctx)
+        if "c" in (x.dtype.kind, dtype.kind):
             raise ShapeError(f"{ctx.name}: {ctx.op_type} from {x.dtype} to {dtype} is not "
                              f"supported by omrt; cast through float32 in the model instead")
         return [TensorInfo(dtype, x.shape)]
@@ -488,10 +524,10 @@ class Cast(Kernel):
     def __init__(self, ctx, inputs, outputs):
         super().__init__(ctx, inputs, outputs)
         dtype = outputs[0].dtype
-        self.saturate = None
+        saturate = bool(ctx.attr("saturate", 1))
+        self.e8m0 = (_round_mode(ctx), saturate) if dtype.name == "float8_e8m0fnu" else None
         fmax = _FLOAT8_MAX.get(dtype.name)
-        if fmax is not None and ctx.attr("saturate", 1):
-            self.saturate = (-fmax, fmax)
+        self.saturate = (-fmax, fmax) if fmax is not None and saturate else None
 
     def run(self, inputs, outputs, workspace):
         x, out = inputs[0], outputs[0]
@@ -499,18 +535,22 @@ class Cast(Kernel):
             out[...] = x.astype(np.str_)
         elif _kind(x.dtype) == "S":
             self._from_strings(x, out)
-        elif self.saturate is not None:
-            np.copyto(out, np.clip(x, *self.saturate), casting="unsafe")
         else:
-            np.copyto(out, x, casting="unsafe")
+            self._from_numbers(x, out)
 
-    @staticmethod
-    def _from_strings(x: np.ndarray, out: np.ndarray) -> None:
+    def _from_numbers(self, x: np.ndarray, out: np.ndarray) -> None:
+        if self.e8m0 is not None:
+            x = _to_e8m0(x, *self.e8m0)
+        elif self.saturate is not None:
+            x = np.clip(x, *self.saturate)
+        np.copyto(out, x, casting="unsafe")
+
+    def _from_strings(self, x: np.ndarray, out: np.ndarray) -> None:
         try:
             np.copyto(out, x.astype(out.dtype))
         except (ValueError, TypeError):
-            # "100.5" to an integer type: through float64, then truncated
-            np.copyto(out, x.astype(np.float64), casting="unsafe")
+            # "100.5" to an integer type, strings to ml_dtypes' types: through float64
+            self._from_numbers(x.astype(np.float64), out)
 
 
 @register("CastLike", since=15)
