@@ -79,7 +79,7 @@ def test_a_model_loads_from_its_bytes_in_place(om_bytes):
 @pytest.mark.parametrize("source, why", [
     (b"...", r"'<bytes of the model>' is 3 bytes, too short for an omrt model"),
     ("a\0b.om", r"cannot open model file 'a\\x00b.om': embedded null byte"),
-    (3, r"a model is a path or the bytes of a .om file, not a int"),
+    (3.5, r"a model is a path or the bytes of a .om file, not a float"),
 ])
 def test_what_is_not_a_model_is_refused_clearly(source, why):
     with pytest.raises(omrt.FormatError, match=why):

@@ -9,10 +9,11 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-from .errors import (BindError, CompileError, FormatError, InputError, KernelError, OmrtError,
-                     ShapeError, UnsupportedOpError)
+from .errors import (AllocationError, BindError, CompileError, FormatError, InputError, KernelError,
+                     OmrtError, ShapeError, UnsupportedOpError)
 from .kernels.parallel import get_num_threads, set_num_threads
-from .runtime import IOSpec, Model, Session, Stats, load
+from .memory import Memory
+from .runtime import IOPool, IOSet, IOSpec, Model, Session, Stats, arena_size, load, run_op
 from .version import __version__
 
 if TYPE_CHECKING:
@@ -28,6 +29,6 @@ def compile(model: Any, output: str | os.PathLike, shapes: Mapping[str, Sequence
     return compile_model(model, output, shapes=shapes, progress=progress, native=native)
 
 
-__all__ = ["BindError", "CompileError", "FormatError", "IOSpec", "InputError", "KernelError", "Model",
-           "OmrtError", "Session", "ShapeError", "Stats", "UnsupportedOpError", "compile", "get_num_threads",
-           "load", "set_num_threads"]
+__all__ = ["AllocationError", "BindError", "CompileError", "FormatError", "IOSpec", "InputError", "KernelError",
+           "IOPool", "IOSet", "Memory", "Model", "OmrtError", "Session", "ShapeError", "Stats",
+           "UnsupportedOpError", "arena_size", "compile", "get_num_threads", "load", "run_op", "set_num_threads"]

@@ -33,3 +33,7 @@ class BindError(OmrtError):
 
 class KernelError(OmrtError):
     """A kernel failed while running, or a packed kernel cannot be trusted or loaded."""
+
+
+class AllocationError(OmrtError):
+    """Memory cannot be allocated, mapped, locked or imported as asked (a limit, a size, an fd)."""

@@ -117,12 +117,12 @@ class OmFile:
     """A `.om` file, mapped from a path or read in place from a buffer, whose header and table
     have been checked."""
 
-    def __init__(self, source: Source) -> None:
+    def __init__(self, source: Source, name: str | None = None) -> None:
         if isinstance(source, (str, os.PathLike)):
             self.path = os.fspath(source)
             self.map, size = self._map(self.path)
         else:
-            self.path = f"<{type(source).__name__} of the model>"
+            self.path = name or f"<{type(source).__name__} of the model>"
             self.map, size = self._buffer(source)
         if size < HEADER.size:
             raise FormatError(f"{self.path!r} is {size} bytes, too short for an omrt model "

@@ -5,8 +5,11 @@ the caller's buffers and applies the zero-copy rules; the `executor` runs a prep
 instructions over that arena.
 """
 
-from .model import Model, load
+from .io import Stats
+from .model import Model, arena_size, load
+from .pool import IOPool, IOSet
 from .prepare import IOSpec
-from .session import Session, Stats
+from .session import Session
+from .single_op import run_op
 
-__all__ = ["IOSpec", "Model", "Session", "Stats", "load"]
+__all__ = ["IOPool", "IOSet", "IOSpec", "Model", "Session", "Stats", "arena_size", "load", "run_op"]

@@ -44,6 +44,17 @@ def part(buffer: np.ndarray, start: int, shape: tuple) -> np.ndarray:
     return flat[start:start + math.prod(shape)].reshape(shape)
 
 
+def call_kernel(kernel: Kernel, op_type: str, label: str, inputs: list, outputs: list,
+                workspace: np.ndarray | None) -> None:
+    """kernel.run, with any failure that is not already an OmrtError made a KernelError naming the node."""
+    try:
+        kernel.run(inputs, outputs, workspace)
+    except OmrtError:
+        raise
+    except Exception as e:
+        raise KernelError(f"kernel {op_type} failed at node {label!r}: {type(e).__name__}: {e}") from e
+
+
 @dataclass
 class Call:
     """A kernel prepared with the plan's shapes, and the arrays it runs on."""
@@ -55,13 +66,7 @@ class Call:
     workspace: np.ndarray | None
 
     def execute(self, values: dict[str, Any], executor: "Executor") -> None:
-        try:
-            self.kernel.run(self.inputs, self.outputs, self.workspace)
-        except OmrtError:
-            raise
-        except Exception as e:
-            raise KernelError(f"kernel {self.node.op_type} failed at node {self.node.label!r}: "
-                              f"{type(e).__name__}: {e}") from e
+        call_kernel(self.kernel, self.node.op_type, self.node.label, self.inputs, self.outputs, self.workspace)
 
 
 @dataclass

@@ -5,14 +5,17 @@ from __future__ import annotations
 import json
 import os
 import threading
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
-from ..errors import FormatError, InputError
+import numpy as np
+
+from ..errors import AllocationError, FormatError, InputError
 from ..format import OmFile, Part
 from ..format.container import Source
 from ..format.kernelstore import Packed, unpack
 from ..format.modeldef import decode, decode_program
 from ..ir import Graph, TensorInfo
+from ..memory import Memory
 from ..native.loader import load as load_kernels
 from ..plan import lower, propagate
 from ..version import __version__
@@ -44,35 +47,56 @@ def _signature_key(shapes: Mapping[str, Sequence[int]]) -> tuple:
 
 
 class Model:
-    """A compiled model mapped from a `.om` file; make sessions to run it."""
+    """A compiled model mapped from a `.om` file (or read in place from memory); make sessions to
+    run it."""
 
-    def __init__(self, source: Source, verify: bool = False, trust_kernels: bool = False) -> None:
-        self._file = OmFile(source)
+    def __init__(self, source: Source | int | Memory, verify: bool = False, trust_kernels: bool = False,
+                 weights: Memory | None = None) -> None:
+        self._source = _as_memory(source)
+        self._file = OmFile(source if self._source is None else self._source.as_array(), _describe(source))
         self.path = self._file.path
-        """The file's path, or a description of the buffer it was read from."""
-        weights = self._file.view(Part.WEIGHTS, verify=verify)
-        try:
-            self.env = json.loads(bytes(self._file.view(Part.ENV)))
-            plans = json.loads(bytes(self._file.view(Part.PLANS)))
-        except ValueError as e:
-            raise FormatError(f"{self.path!r}: ENV or PLANS partition is not valid JSON; the file is "
-                              f"corrupted") from e
+        """The file's path, or a description of the memory it was read from."""
+        if self._source is not None:
+            self._source.hold(self, f"the file of {self!r}")
+        partition = self._file.view(Part.WEIGHTS, verify=verify)
+        self.weights_copied = 0
+        """Bytes copied at load into the `weights` memory the caller gave (0: weights are read in
+        place from the file's mapping or memory)."""
+        if weights is not None:
+            partition = self._place_weights(partition, weights)
+        self.env = self._json(Part.ENV)
         check_environment(self.env, self.path)
         self.kernels: list[Packed] = unpack(self._file.view(Part.KERNELS), self.path)
         """The packed kernels, each with its load status."""
         self.native = load_kernels(self.kernels, trust_kernels)
-        self.graph, program, self.metadata = decode(self._file.view(Part.MODEL_DEF), weights, self.path)
+        self.graph, program, self.metadata = decode(self._file.view(Part.MODEL_DEF), partition, self.path)
         self.file_size = self._file.size
         self.inputs = [self._spec(v) for v in self.graph.inputs]
         self.outputs = [self._spec(v) for v in self.graph.outputs]
         self._lock = threading.Lock()
         self._prepared: dict[tuple, Prepared] = {}
-        stored = ([program] if program else []) + [decode_program(p) for p in plans.get("programs", [])]
+        stored = ([program] if program else []) + [decode_program(p)
+                                                   for p in self._json(Part.PLANS).get("programs", [])]
         self._stored = {_signature_key(p.signature): p for p in stored}
-        if program is not None:
-            self.default = self.prepared(program.signature)
-        else:
-            self.default = None
+        self.default = self.prepared(program.signature) if program is not None else None
+
+    def _json(self, part: Part) -> dict:
+        try:
+            return json.loads(bytes(self._file.view(part)))
+        except ValueError as e:
+            raise FormatError(f"{self.path!r}: the {part.name} partition is not valid JSON; the file is "
+                              f"corrupted") from e
+
+    def _place_weights(self, partition: memoryview, memory: Memory) -> memoryview:
+        """Copy the weights into the caller's memory (once, at load) and read them from there."""
+        if not memory.writable or memory.nbytes < len(partition):
+            raise AllocationError(f"{memory!r} cannot hold this model's weights: they need {len(partition)} "
+                                  f"writable bytes (Model.memory_sizes()['weights']); allocate that much")
+        placed = memory.view(np.uint8, (len(partition),))
+        placed[:] = np.frombuffer(partition, np.uint8)
+        memory.hold(self, f"the weights of {self!r}")
+        self.weights_copied = len(partition)
+        return memoryview(placed).toreadonly()
 
     def _spec(self, v: str) -> IOSpec:
         info = self.graph.infos[v]
@@ -122,19 +146,62 @@ class Model:
         propagate(graph, fold=True)
         return prepare(graph, lower(graph), self.native)
 
-    def session(self, zero_copy: str = "auto") -> Session:
-        """A new session: its own arena and bindings, sharing this model's weights and kernels."""
-        return Session(self, zero_copy)
+    def session(self, zero_copy: str = "auto", arena: Memory | None = None, sync_inputs: bool = True,
+                sync_outputs: bool = True) -> Session:
+        """A new session: its own arena (or `arena`, caller memory that sessions run one after
+        another may share) and bindings, sharing this model's weights and kernels."""
+        return Session(self, zero_copy, arena, sync_inputs, sync_outputs)
+
+    def memory_sizes(self, shapes: Mapping[str, Sequence[int]] | None = None) -> dict[str, int]:
+        """Bytes of each region, for the stored plan or the input `shapes` given: "weights",
+        "arena" (feature map and workspaces), "workspace" (the largest one task needs),
+        "io_fallback" (blocks for inputs and outputs that are not bound in place): what a caller
+        allocates to hand omrt its own memory."""
+        prep = self.default if shapes is None else self.prepared(shapes)
+        if prep is None:
+            raise InputError(f"{self!r} has symbolic input shapes: pass shapes={{name: shape}} to size its "
+                             f"memory")
+        p = prep.program
+        return {"weights": self._file.entry(Part.WEIGHTS).size, "arena": p.arena_size,
+                "workspace": max((t.workspace_size for t in p.tasks), default=0), "io_fallback": p.io_size}
 
 
-def load(source: Source, verify: bool = False, trust_kernels: bool = False) -> Model:
-    """Map a `.om` file, or read one in place from a buffer holding its bytes (bytes, bytearray,
-    mmap, memoryview, ...: the weights are then views into that buffer, kept alive by the model;
-    do not change it while the model is in use). `verify=True` also checks the weights' digest
-    (reads every byte).
+def arena_size(models: Sequence[Model], shapes: Sequence[Mapping[str, Sequence[int]] | None] | None = None) -> int:
+    """Bytes of one arena that sessions of all these models can share, run one after another:
+    the largest of their arenas (for the input shapes given per model, else their stored plans)."""
+    shapes = list(shapes) if shapes is not None else [None] * len(models)
+    return max((m.memory_sizes(s)["arena"] for m, s in zip(models, shapes)), default=0)
+
+
+def _as_memory(source: Any) -> Memory | None:
+    """The Memory a model is read from: an fd is mapped read-only; a path or bytes are not Memory."""
+    if isinstance(source, Memory):
+        return source
+    if isinstance(source, int) and not isinstance(source, bool):
+        return Memory.from_fd(source, writable=False)
+    return None
+
+
+def _describe(source: Any) -> str | None:
+    """How errors name a model read from memory (None: the container names paths and buffers)."""
+    if isinstance(source, Memory):
+        return f"<{source!r}>"
+    if isinstance(source, int) and not isinstance(source, bool):
+        return f"<fd {source}>"
+    return None
+
+
+def load(source: Source | int | Memory, verify: bool = False, trust_kernels: bool = False,
+         weights: Memory | None = None) -> Model:
+    """Map a `.om` file, or read one in place from an fd (a memfd received over a socket, say), a
+    `Memory`, or a buffer holding its bytes (bytes, bytearray, mmap, memoryview, ...): the weights
+    are then views into that memory, kept alive by the model; do not change it while the model
+    is in use. `weights=` copies the weights once into memory the caller provides (locked,
+    huge-page or shared) and reads them from there (`Model.weights_copied`). `verify=True` also
+    checks the weights' digest (reads every byte).
 
     `trust_kernels=True` lets the native kernels packed in the file run (they are machine code:
     trust only files you compiled or got from someone you trust); otherwise, and where the host
     cannot load them, the built-in numpy kernels run instead. `Model.kernels` tells which happened.
     """
-    return Model(source, verify, trust_kernels)
+    return Model(source, verify, trust_kernels, weights)

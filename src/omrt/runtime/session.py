@@ -2,21 +2,24 @@
 
 Inputs and outputs whose buffers fit are used in place (the executor re-points only the task
 arguments that refer to them); others are copied through fallback blocks (mode "auto") or refused
-(mode "always"). Every copy is counted in `Session.stats` with its reason.
+(mode "always"). Every copy is counted in `Session.stats` with its reason. Buffers may be arrays
+or `omrt.Memory`; bound memory is synced around each run (a dma-buf's CPU access bracket), and
+the arena itself may be caller memory, shared by sessions that run one after another.
 """
 
 from __future__ import annotations
 
+import threading
 from collections import Counter
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Mapping
 
 import numpy as np
 
 from ..errors import BindError, InputError
-from ..memory import aligned_empty
+from ..memory import ALIGN, Memory, align, aligned_empty
 from ..plan import DYNAMIC
 from .executor import Executor
+from .io import Stats, as_array, as_value, owned, span
 from .prepare import IOSpec, Prepared
 
 if TYPE_CHECKING:
@@ -25,87 +28,47 @@ if TYPE_CHECKING:
 MODES = ("auto", "always")
 
 
-@dataclass
-class Stats:
-    """What a session has done: runs, copies by reason and bytes copied, memory figures."""
-
-    runs: int = 0
-    copies: Counter = field(default_factory=Counter)
-    bytes_copied: int = 0
-    arena_bytes: int = 0
-    lower_bound: int = 0
-    io_fallback_bytes: int = 0
-
-    def count(self, reason: str, nbytes: int) -> None:
-        self.copies[reason] += 1
-        self.bytes_copied += nbytes
-
-
-def _as_array(obj: Any, name: str) -> np.ndarray:
-    if isinstance(obj, np.ndarray):
-        return obj
-    if hasattr(obj, "__dlpack__"):
-        return np.from_dlpack(obj)
-    raise InputError(f"tensor {name!r}: expected a numpy array or a DLPack tensor, got "
-                     f"{type(obj).__name__}; wrap buffers with np.frombuffer(...).reshape(...)")
-
-
-def _span(a: np.ndarray) -> tuple[int, int]:
-    start = a.ctypes.data
-    return start, start + a.nbytes
-
-
-def _as_value(obj: Any, spec: IOSpec) -> Any:
-    """A sequence (list of C-contiguous arrays) or optional (None or element) fed for `spec`."""
-    if obj is None:
-        if not spec.kind.startswith("optional"):
-            raise InputError(f"input {spec.name!r} is a {spec.kind} and cannot be None")
-        return None
-    holds_list = "sequence" in spec.kind
-    if holds_list != isinstance(obj, (list, tuple)):
-        raise InputError(f"input {spec.name!r} is a {spec.kind} of {spec.dtype} tensors; pass "
-                         f"{'a list of arrays' if holds_list else 'an array'}"
-                         f"{' or None' if spec.kind.startswith('optional') else ''}")
-    items = [np.require(_as_array(x, spec.name), requirements="C")
-             for x in (obj if holds_list else [obj])]
-    for x in items:
-        if x.dtype != spec.dtype:
-            raise InputError(f"input {spec.name!r} holds a {x.dtype} tensor, the model needs {spec.dtype}; "
-                             f"convert it with .astype(np.{spec.dtype.name})")
-    return items if holds_list else items[0]
-
-
-def _owned(value: Any) -> tuple[Any, int]:
-    """A copy of a run-time value the caller may keep, and how many bytes were copied."""
-    if value is None:
-        return None, 0
-    if isinstance(value, list):
-        items = [np.array(x, copy=True) for x in value]
-        return items, sum(x.nbytes for x in items)
-    arr = np.array(value, copy=True)
-    return arr, arr.nbytes
-
-
 class Session:
-    """Runs a model with its own arena; bind buffers once, then `run()` as often as you like."""
+    """Runs a model with its own arena (or `arena`, caller memory); bind buffers once, then `run()`
+    as often as you like.
 
-    def __init__(self, model: "Model", zero_copy: str = "auto") -> None:
+    `sync_inputs` / `sync_outputs` False skip the device sync of bound memory around runs (the
+    caller guarantees coherence, as the seed's disable-flush flags)."""
+
+    def __init__(self, model: "Model", zero_copy: str = "auto", arena: Memory | None = None,
+                 sync_inputs: bool = True, sync_outputs: bool = True) -> None:
         if zero_copy not in MODES:
             raise InputError(f"zero_copy={zero_copy!r}: choose one of {MODES}")
         self.model = model
         self.zero_copy = zero_copy
         self.stats = Stats()
+        self.sync = {"input": sync_inputs, "output": sync_outputs}
         self._specs: dict[str, IOSpec] = {s.name: s for s in model.outputs + model.inputs}
         self._outputs = {s.name for s in model.outputs} - {s.name for s in model.inputs}
         """Outputs that are not also inputs (a graph may return an input: binding that name binds
         the input, and the output is a copy of it)."""
         self._bound: dict[str, np.ndarray] = {}
+        self._memories: dict[str, Memory] = {}
         self._held: dict[str, Any] = {}
-        self._arena = np.empty(0, np.uint8)
+        self._arena_memory = arena
+        self._arena = np.empty(0, np.uint8) if arena is None else self._caller_arena(arena)
+        self._running = arena.run_lock if arena is not None else threading.Lock()
+        """Held while a run uses the arena: runs of sessions sharing one arena take turns."""
         self._io: np.ndarray | None = None
         self._executor: Executor | None = None
         if model.default is not None:
             self._use(model.default)
+
+    def _caller_arena(self, arena: Memory) -> np.ndarray:
+        """The caller's memory as this session's arena: writable, aligned, held while in use."""
+        if not arena.writable:
+            raise BindError(f"{arena!r} is read-only; an arena is written by every run: pass writable memory")
+        view = arena.view(np.uint8, (arena.nbytes,))
+        if view.__array_interface__["data"][0] % ALIGN:
+            raise BindError(f"{arena!r} does not start on a {ALIGN}-byte boundary; allocate it with "
+                            f"omrt.Memory.allocate")
+        arena.hold(self, f"the arena of a session of {self.model!r}")
+        return view
 
     @property
     def _prep(self) -> Prepared | None:
@@ -115,6 +78,10 @@ class Session:
         """Run `prep` from now on: grow the arena if it needs more, and lay the program over it."""
         p = prep.program
         if self._arena.size < p.arena_size:
+            if self._arena_memory is not None:
+                raise BindError(f"{self._arena_memory!r} is too small for this model's arena: it needs "
+                                f"{p.arena_size} bytes for inputs of shapes {dict(p.signature)}; size it with "
+                                f"omrt.arena_size([...models], shapes) or Model.memory_sizes()")
             self._arena = aligned_empty(p.arena_size)
         if self._io is not None and self._io.size < p.io_size:
             self._io = None
@@ -145,10 +112,10 @@ class Session:
         if not arr.flags.aligned:
             return f"it is not aligned to {arr.dtype.alignment} bytes"
         if name in self._outputs:
-            lo, hi = _span(arr)
+            lo, hi = span(arr)
             for other, b in self._bound.items():
                 if other != name and b.nbytes and arr.nbytes:
-                    blo, bhi = _span(b)
+                    blo, bhi = span(b)
                     if lo < bhi and blo < hi:
                         return f"it overlaps the buffer bound to {other!r}"
         return None
@@ -177,27 +144,63 @@ class Session:
         reason = None if self._prep is None else self._prep.program.copy_only.get(name)
         return None if reason is None else f"the output must be copied: {reason}"
 
-    def bind(self, name: str, array: Any) -> None:
-        """Make `array` the memory of input or output `name` for every following run.
+    def bind(self, name: str, array: Any, offset: int = 0) -> None:
+        """Make `array` the memory of input or output `name` for every following run: an array, a
+        DLPack tensor, or an `omrt.Memory` (viewed from byte `offset` with the tensor's dtype and
+        shape; it stays held, and synced around runs, until unbound).
 
         A sequence input takes a list of arrays and an optional one an array, list or None; they
         are kept, not bound as memory. Sequence and optional outputs cannot be bound.
         """
-        if name not in self._specs:
-            raise InputError(f"{name!r} is not an input or output of the model; they are "
-                             f"{sorted(self._specs)}")
-        spec = self._specs[name]
+        spec = self._spec(name)
         if spec.kind != "tensor":
             if name in self._outputs:
                 raise BindError(f"output {name!r} is a {spec.kind}: run() returns it; only tensors can "
                                 f"be bound as outputs")
-            self._held[name] = _as_value(array, spec)
+            self._held[name] = as_value(array, spec)
             return
-        arr = _as_array(array, name)
+        memory = array if isinstance(array, Memory) else None
+        arr = self._memory_view(name, memory, offset) if memory is not None else as_array(array, name)
         if name in self._outputs and not arr.flags.writeable:
             raise BindError(f"output {name!r}: the bound buffer is read-only; bind a writable array")
         self._check(name, arr)
+        self._release(name)
         self._bound[name] = arr
+        if memory is not None:
+            memory.hold(self, f"{'output' if name in self._outputs else 'input'} {name!r} of a session of "
+                              f"{self.model!r}")
+            self._memories[name] = memory
+
+    def _spec(self, name: str) -> IOSpec:
+        if name not in self._specs:
+            raise InputError(f"{name!r} is not an input or output of the model; they are "
+                             f"{sorted(self._specs)}")
+        return self._specs[name]
+
+    def _shape(self, name: str) -> tuple[int, ...]:
+        """The tensor's shape in the current plan (or as declared, when fixed)."""
+        shape = self._prep.program.shapes.get(name) if self._prep is not None else None
+        shape = tuple(self._specs[name].shape) if shape is None else tuple(shape)
+        if not all(isinstance(d, int) for d in shape):
+            raise BindError(f"tensor {name!r} has symbolic dims {list(shape)}: memory does not say its shape; "
+                            f"bind an array of the shape you want, or a view of the memory")
+        return shape
+
+    def _memory_view(self, name: str, memory: Memory, offset: int) -> np.ndarray:
+        return memory.view(self._specs[name].dtype, self._shape(name), offset)
+
+    def bound_memory(self, name: str) -> Memory | None:
+        """The `Memory` bound to tensor `name`, if it was bound as one."""
+        return self._memories.get(name)
+
+    def alloc_io(self, name: str, **flags: Any) -> Memory:
+        """New memory of exactly the size and alignment tensor `name` needs, already bound;
+        `flags` are those of `Memory.allocate` (shared=True to send it to another process)."""
+        spec = self._spec(name)
+        nbytes = int(np.prod(self._shape(name), dtype=np.int64)) * spec.dtype.itemsize
+        memory = Memory.allocate(max(align(nbytes), ALIGN), name=f"omrt-{name}", **flags)
+        self.bind(name, memory)
+        return memory
 
     def unbind(self, name: str) -> None:
         """Forget the buffer bound to `name`; runs allocate (outputs) or need a feed (inputs) again."""
@@ -207,9 +210,31 @@ class Session:
         if name not in self._bound:
             raise InputError(f"nothing is bound to {name!r}; bound tensors are "
                              f"{sorted(self._bound) + sorted(self._held)}")
+        self._release(name)
         del self._bound[name]
         if self._executor is not None:
             self._executor.forget(name)
+
+    def _release(self, name: str) -> None:
+        memory = self._memories.pop(name, None)
+        if memory is not None and memory not in self._memories.values():
+            memory.release(self)
+
+    def close(self) -> None:
+        """Unbind everything and let go of the arena: memory it held can then be closed."""
+        for name in list(self._bound):
+            self.unbind(name)
+        self._held.clear()
+        if self._arena_memory is not None:
+            self._arena_memory.release(self)
+        self._executor = None
+        self._arena = np.empty(0, np.uint8)
+
+    def __enter__(self) -> "Session":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
 
     # ------------------------------------------------------------------ running
 
@@ -228,15 +253,31 @@ class Session:
     def _run(self, feeds: Mapping[str, Any] | None, timings: Counter | None = None) -> dict[str, Any]:
         feeds = dict(feeds or {})
         arrays, values = self._gather_inputs(feeds)
-        prep = self._prep
-        if prep is None or any(tuple(prep.program.signature[n]) != a.shape for n, a in arrays.items()):
-            self._use(self.model.prepared({n: a.shape for n, a in arrays.items()}))
-        self._place_inputs(arrays, feeds)
-        results, late = self._place_outputs()
-        found = self._executor.run(values, timings)
-        self._finish_outputs(results, late, found)
+        if not self._running.acquire(blocking=False):
+            raise BindError(f"the arena of this session of {self.model!r} is in use by another run right now; "
+                            f"runs that share an arena must take turns (or give each its own session)")
+        try:
+            prep = self._prep
+            if prep is None or any(tuple(prep.program.signature[n]) != a.shape for n, a in arrays.items()):
+                self._use(self.model.prepared({n: a.shape for n, a in arrays.items()}))
+            self._place_inputs(arrays, feeds)
+            results, late = self._place_outputs()
+            self._bracket("begin")
+            found = self._executor.run(values, timings)
+            self._bracket("end")
+            self._finish_outputs(results, late, found)
+        finally:
+            self._running.release()
         self.stats.runs += 1
         return results
+
+    def _bracket(self, edge: str) -> None:
+        """Open (begin) or close (end) the device sync of bound memory around the kernels."""
+        for name, memory in self._memories.items():
+            role = "output" if name in self._outputs else "input"
+            if self.sync[role]:
+                step = memory.begin if edge == "begin" else memory.end
+                self.stats.syncs += step("to_device" if role == "output" else "from_device")
 
     def _gather_inputs(self, feeds: dict[str, Any]) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         """This run's tensor inputs (fed or bound) and its sequence and optional inputs."""
@@ -249,14 +290,14 @@ class Session:
         for spec in self.model.inputs:
             if spec.kind != "tensor":
                 if spec.name in feeds:
-                    values[spec.name] = _as_value(feeds[spec.name], spec)
+                    values[spec.name] = as_value(feeds[spec.name], spec)
                 elif spec.name in self._held:
                     values[spec.name] = self._held[spec.name]
                 else:
                     raise InputError(f"input {spec.name!r} is missing: pass it in feeds or bind it (a "
                                      f"{spec.kind} of {spec.dtype} tensors)")
             elif spec.name in feeds:
-                arrays[spec.name] = _as_array(feeds[spec.name], spec.name)
+                arrays[spec.name] = as_array(feeds[spec.name], spec.name)
             elif spec.name in self._bound:
                 arrays[spec.name] = self._bound[spec.name]
             else:
@@ -314,7 +355,7 @@ class Session:
         for name, reason in program.copy_only.items():
             src = found[name] if name in found else self._executor.value(name)
             if results[name] is None:
-                results[name], nbytes = _owned(src)
+                results[name], nbytes = owned(src)
             else:
                 np.copyto(results[name], src)
                 nbytes = src.nbytes
