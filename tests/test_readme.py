@@ -12,11 +12,22 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 README = open(os.path.join(ROOT, "README.md")).read()
 
 
-def test_python_example_runs(tmp_path, monkeypatch):
-    code = re.search(r"```python\n(.*?)```", README, re.S).group(1)
+def _run_python_blocks(text: str, name: str) -> None:
+    """Run every ```python block of a document, in order, in one namespace."""
+    namespace: dict = {}
+    for code in re.findall(r"```python\n(.*?)```", text, re.S):
+        exec(compile(code, name, "exec"), namespace)
+
+
+def test_python_examples_run(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    exec(compile(code, "README.md", "exec"), {})
+    _run_python_blocks(README, "README.md")
     assert (tmp_path / "squeezenet.om").exists()
+
+
+def test_memory_guide_examples_run(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    _run_python_blocks(open(os.path.join(ROOT, "docs", "memory.md")).read(), "docs/memory.md")
 
 
 def _omrt(*args: str, cwd) -> subprocess.CompletedProcess:

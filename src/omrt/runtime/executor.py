@@ -161,8 +161,11 @@ class Executor:
         self.targets[name] = buffer
 
     def forget(self, name: str) -> None:
-        """Drop the buffer `name` points at (its slots are re-pointed before the next run)."""
+        """Let go of the buffer `name` points at: its slots hold nothing until the next run
+        re-points them (an unbound buffer is no longer referenced, and its memory can close)."""
         self.targets.pop(name, None)
+        for args, pos, _, _ in self.slots.get(name, ()):
+            args[pos] = None
 
     def value(self, name: str) -> np.ndarray:
         """The array holding planned value `name` now (arena, weights, or an I/O tensor's buffer)."""

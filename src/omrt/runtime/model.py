@@ -57,7 +57,7 @@ class Model:
         self.path = self._file.path
         """The file's path, or a description of the memory it was read from."""
         if self._source is not None:
-            self._source.hold(self, f"the file of {self!r}")
+            self._source.hold(self, f"the file of the model {self.path}")
         partition = self._file.view(Part.WEIGHTS, verify=verify)
         self.weights_copied = 0
         """Bytes copied at load into the `weights` memory the caller gave (0: weights are read in
@@ -94,7 +94,7 @@ class Model:
                                   f"writable bytes (Model.memory_sizes()['weights']); allocate that much")
         placed = memory.view(np.uint8, (len(partition),))
         placed[:] = np.frombuffer(partition, np.uint8)
-        memory.hold(self, f"the weights of {self!r}")
+        memory.hold(self, f"the weights of the model {self.path}")
         self.weights_copied = len(partition)
         return memoryview(placed).toreadonly()
 
