@@ -443,3 +443,17 @@ def test_ownership_rules_hold_for_any_sequence_and_nothing_leaks(mlp_om, steps):
     del sessions, memories
     gc.collect()
     assert system.map_count() == before
+
+
+def test_read_only_memory_is_refused_where_the_model_writes(mlp_om):
+    model = omrt.load(mlp_om)
+    sess = model.session()
+    frozen = Memory.from_buffer(bytes(4096))
+    with pytest.raises(omrt.BindError, match="output 'y': the bound buffer is read-only"):
+        sess.bind("y", frozen)
+    sess.bind("x", frozen)  # an input is only read
+    np.testing.assert_array_equal(sess.run()["y"], mlp_reference(np.zeros((4, 64), np.float32)))
+    with pytest.raises(omrt.BindError, match="is read-only; an arena is written by every run"):
+        model.session(arena=frozen)
+    sess.close()
+    frozen.close()
