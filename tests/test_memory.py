@@ -408,8 +408,8 @@ def _play(model: omrt.Model, steps: list[tuple[str, int]]) -> tuple[list, list]:
         elif op == "run" and (sess_i, "x") in bound:
             x = bound[(sess_i, "x")].view(np.float32, (4, 64))
             x[:] = k
-            y = sess.run()["y"]
-            np.testing.assert_allclose(y, mlp_reference(x), rtol=1e-5, atol=1e-4)
+            y = sess.run()["y"]  # (one memory bound as both x and y is copied through a fallback)
+            np.testing.assert_allclose(y, mlp_reference(np.full((4, 64), k, np.float32)), rtol=1e-5, atol=1e-4)
             if (sess_i, "y") in bound:
                 assert np.shares_memory(y, bound[(sess_i, "y")].as_array())
         elif op == "close" and mem is not None and not mem.closed:

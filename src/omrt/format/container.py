@@ -22,6 +22,7 @@ from enum import IntEnum
 from typing import BinaryIO, Callable, Iterable, Union
 
 from ..errors import FormatError
+from ..memory.memory import byte_view
 
 MAGIC = b"OMRT\x00\r\n\x1a"
 VERSION = (1, 2)
@@ -146,13 +147,12 @@ class OmFile:
     @staticmethod
     def _buffer(source: object) -> tuple[memoryview, int]:
         try:
-            view = memoryview(source)
+            view = byte_view(source)
         except TypeError:
             raise FormatError(f"a model is a path or the bytes of a .om file, not a "
                               f"{type(source).__name__}") from None
-        if not view.c_contiguous:
-            raise FormatError("the buffer holding the model is not contiguous; pass bytes(buffer)")
-        view = view.cast("B")
+        except ValueError:
+            raise FormatError("the buffer holding the model is not contiguous; pass bytes(buffer)") from None
         return view, len(view)
 
     def _check(self, size: int) -> None:

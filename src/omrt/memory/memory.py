@@ -31,6 +31,15 @@ _READ_WRITE = {"from_device": system.DMA_BUF_SYNC_READ, "to_device": system.DMA_
                "both": system.DMA_BUF_SYNC_READ | system.DMA_BUF_SYNC_WRITE}
 
 
+def byte_view(buffer: Any) -> memoryview:
+    """The bytes of an object with the buffer protocol, in place: TypeError when it has none,
+    ValueError when they are not contiguous."""
+    view = memoryview(buffer)
+    if not view.c_contiguous:
+        raise ValueError("not contiguous")
+    return view.cast("B")
+
+
 class Memory:
     """A piece of memory: allocated by omrt (`allocate`) or imported (`from_fd`, `from_buffer`,
     `from_dlpack`, `from_address`). Use `view` for numpy arrays over it, bind it to sessions, and
@@ -111,15 +120,15 @@ class Memory:
         """Memory over any object with the buffer protocol (bytearray, mmap, numpy,
         SharedMemory.buf, ...), without a copy; writable=None follows the buffer."""
         try:
-            view = memoryview(buffer)
+            view = byte_view(buffer)
         except TypeError:
             raise AllocationError(f"a {type(buffer).__name__} has no buffer protocol; pass bytes, a bytearray, "
                                   f"an mmap or a numpy array") from None
-        if not view.c_contiguous:
+        except ValueError:
             raise AllocationError("the buffer is not contiguous: omrt maps memory in place, it cannot gather it")
         if writable and view.readonly:
             raise AllocationError(f"the {type(buffer).__name__} is read-only, and writable=True was asked")
-        array = np.frombuffer(view.cast("B"), np.uint8) if view.nbytes else np.empty(0, np.uint8)
+        array = np.frombuffer(view, np.uint8) if view.nbytes else np.empty(0, np.uint8)
         if writable is False:
             array.flags.writeable = False
         return cls(array, "buffer", owner=buffer)
