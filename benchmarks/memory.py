@@ -1,8 +1,12 @@
 """Caller-owned memory (`omrt.Memory`): what it costs and what it saves, figure by figure.
 
-    python benchmarks/memory.py                            # every figure
-    python benchmarks/memory.py --only frames              # one of them (names below)
-    python benchmarks/memory.py --json memory.json         # and every figure as JSON
+    python benchmarks/memory.py                              # every figure (about a minute)
+    python benchmarks/memory.py --only frames                # one figure: each is described below
+    python benchmarks/memory.py --only shared_arena
+    python benchmarks/memory.py --only load_from_memory
+    python benchmarks/memory.py --only weights_placement
+    python benchmarks/memory.py --only run_op
+    python benchmarks/memory.py --json memory.json           # every figure, also written as JSON
 
 - frames: a producer process writes frames into shared memory (`Memory.allocate(shared=True)`,
   its fd passed with `pass_fds`), the consumer binds that memory as squeezenet's input
@@ -19,8 +23,11 @@
 - weights_placement: resnet50 and a MiniLM-sized encoder loaded with their weights copied into
   `Memory.allocate(huge_pages=True)` or `(lock=True)` against the plain file mapping: huge-page
   bytes in /proc/self/smaps, bytes copied at load and its time, median run time (interleaved).
-- run_op: `omrt.run_op` against the same kernel through a one-node model's session and against
-  numpy, for Conv, MatMul and Add: median call times, interleaved, and the outputs compared.
+  A variant whose memory cannot be had (locking beyond RLIMIT_MEMLOCK without the privilege)
+  is reported with omrt's error and left out.
+- run_op: `omrt.run_op` (opset left to its default, and given as `opset=17`) against the same
+  kernel through a one-node model's session and against numpy, for Conv, MatMul and Add: median
+  call times, interleaved, and the outputs compared.
 
 Every figure runs in worker processes of its own, started with OPENBLAS_NUM_THREADS=1 (omrt's
 default of one thread), after WARMUP untimed runs; the parent imports neither numpy nor omrt, so
