@@ -59,3 +59,11 @@ def test_outputs_must_be_the_results_dtype_and_shape_and_writable():
         omrt.run_op("NoSuchOp", [a], [a])
     with pytest.raises(omrt.InputError, match="NonZero's output shape depends on its input values"):
         omrt.run_op("NonZero", [a], [np.empty((2, 6), np.int64)])
+
+
+def test_the_opset_defaults_to_the_newest_kernel():
+    from omrt.kernels.base import newest_opset
+
+    assert newest_opset("Add") == max(since for d, op, since in omrt.kernels.registered_ops() if op == "Add")
+    with pytest.raises(omrt.UnsupportedOpError, match="NoSuchOp"):
+        newest_opset("NoSuchOp")

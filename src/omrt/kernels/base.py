@@ -157,6 +157,14 @@ def lookup(op_type: str, opset: int, domain: str = "", node: str = "") -> type[K
     return best.cls
 
 
+def newest_opset(op_type: str, domain: str = "") -> int:
+    """The newest opset an op has a kernel for, or UnsupportedOpError naming it."""
+    entries = _REGISTRY.get(("" if domain == "ai.onnx" else domain, op_type))
+    if not entries:
+        lookup(op_type, 1, domain)  # raises, naming the op
+    return entries[-1].since
+
+
 def registered_ops() -> list[tuple[str, str, int]]:
     """(domain, op_type, since) for every registration: the supported-operator table."""
     return sorted((d, op, e.since) for (d, op), es in _REGISTRY.items() for e in es)

@@ -165,8 +165,9 @@ class Memory:
 
     @property
     def huge_page_bytes(self) -> int:
-        """Bytes of it the kernel backs with huge pages now (/proc/self/smaps)."""
-        return system.mapped_huge_bytes(self.address, self.nbytes)
+        """Bytes the kernel backs with huge pages now in the mappings it lies in (/proc/self/smaps
+        counts per mapping, not per byte range), at most its own size."""
+        return min(system.mapped_huge_bytes(self.address, self.nbytes), self.nbytes)
 
     def as_array(self) -> np.ndarray:
         """All of it, as a uint8 array."""

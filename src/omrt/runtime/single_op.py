@@ -16,8 +16,8 @@ import numpy as np
 
 from ..errors import BindError, InputError
 from ..ir import TensorInfo
-from ..kernels import OpContext, lookup, registered_ops
-from ..kernels.base import Kernel
+from ..kernels import OpContext, lookup
+from ..kernels.base import Kernel, newest_opset
 from ..plan.infer import infer_outputs
 from .executor import call_kernel
 
@@ -33,13 +33,6 @@ class _Prepared:
 _CACHE: dict[tuple, _Prepared] = {}
 _CACHE_LIMIT = 256
 """Signatures kept prepared; past that the cache starts afresh."""
-
-
-def _newest_opset(op_type: str, domain: str) -> int:
-    versions = [since for d, op, since in registered_ops() if op == op_type and d == domain]
-    if not versions:
-        lookup(op_type, 1, domain)  # raises UnsupportedOpError naming the op
-    return max(versions)
 
 
 def _frozen(value: Any) -> Any:
@@ -89,7 +82,7 @@ def run_op(op_type: str, inputs: Sequence[np.ndarray | None], outputs: Sequence[
     shape, which the kernels write in place); returns `outputs`. Attributes are keywords, as ONNX
     names them; the opset defaults to the newest omrt has a kernel for."""
     _check_inputs(op_type, inputs)
-    opset = _newest_opset(op_type, domain) if opset is None else opset
+    opset = newest_opset(op_type, domain) if opset is None else opset
     key = (op_type, domain, opset, _frozen(sorted(attrs.items())),
            tuple(None if x is None else (x.dtype.str, x.shape) for x in inputs))
     prepared = _CACHE.get(key)
