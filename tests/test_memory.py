@@ -105,6 +105,34 @@ def test_shared_memory_reaches_another_process_through_its_fd():
         assert bytes(m.view(np.uint8, (5,))) == b"hello"
 
 
+def test_frames_written_by_another_process_are_run_in_place(mlp_om):
+    """A producer process writes frames into shared memory through its fd; the session reads
+    them where they are: nothing is copied, and each run sees the new frame."""
+    sess = omrt.load(mlp_om).session(zero_copy="always")
+    frame = sess.alloc_io("x", shared=True)
+    producer = ("import mmap, sys, numpy as np\n"
+                "m = mmap.mmap(int(sys.argv[1]), 0)\n"
+                "x = np.frombuffer(m, np.float32, 256).reshape(4, 64)\n"
+                "for line in sys.stdin:\n"
+                "    x[:] = np.random.default_rng(int(line)).standard_normal((4, 64))\n"
+                "    print('ready', flush=True)\n")
+    proc = subprocess.Popen([sys.executable, "-c", producer, str(frame.fd)], pass_fds=[frame.fd], text=True,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        for seed in range(3):
+            proc.stdin.write(f"{seed}\n")
+            proc.stdin.flush()
+            assert proc.stdout.readline() == "ready\n"
+            want = mlp_reference(np.random.default_rng(seed).standard_normal((4, 64)).astype(np.float32))
+            np.testing.assert_allclose(sess.run()["y"], want, rtol=1e-5, atol=1e-4)
+    finally:
+        proc.stdin.close()
+        proc.wait(timeout=30)
+    assert sess.stats.bytes_copied == 0 and sess.stats.runs == 3
+    sess.close()
+    frame.close()
+
+
 def test_imports_from_an_fd_check_size_and_offset(tmp_path):
     fd = os.memfd_create("t")
     os.write(fd, bytes(range(256)) * 64)  # 16 KiB
