@@ -13,7 +13,7 @@ from .errors import (AllocationError, BindError, CompileError, FormatError, Inpu
                      OmrtError, ShapeError, UnsupportedOpError)
 from .kernels.parallel import get_num_threads, set_num_threads
 from .memory import Memory
-from .runtime import IOPool, IOSet, IOSpec, Model, Session, Stats, arena_size, load, run_op
+from .runtime import IOPool, IOSet, IOSpec, Model, Session, Stats, WeightSlots, arena_size, load, run_op
 from .version import __version__
 
 if TYPE_CHECKING:
@@ -31,4 +31,5 @@ def compile(model: Any, output: str | os.PathLike, shapes: Mapping[str, Sequence
 
 __all__ = ["AllocationError", "BindError", "CompileError", "FormatError", "IOSpec", "InputError", "KernelError",
            "IOPool", "IOSet", "Memory", "Model", "OmrtError", "Session", "ShapeError", "Stats",
-           "UnsupportedOpError", "arena_size", "compile", "get_num_threads", "load", "run_op", "set_num_threads"]
+           "UnsupportedOpError", "WeightSlots", "arena_size", "compile", "get_num_threads", "load", "run_op",
+           "set_num_threads"]

@@ -31,6 +31,22 @@ def _threads_arg(text: str) -> int:
     return int(text)
 
 
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def _bytes_arg(text: str) -> int:
+    """A byte count: 65536, 64K, 64M, 1.5G (binary units)."""
+    number, unit = text[:-1] if text[-1:].upper() in "KMG" else text, text[-1:].upper()
+    unit = unit if unit in "KMG" else ""
+    try:
+        value = int(float(number) * _UNITS[unit])
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a byte count such as 65536, 64K, 64M or 1.5G")
+    return value
+
+
 def _input_arg(text: str) -> tuple[str, str]:
     name, sep, path = text.partition("=")
     if not sep or not name or not path:
@@ -75,7 +91,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from .zoo import backend_input
 
     omrt.set_num_threads(args.threads)
-    model = omrt.load(args.model, trust_kernels=args.trust_kernels)
+    model = omrt.load(args.model, trust_kernels=args.trust_kernels, weight_budget=args.weight_budget)
     sess = model.session()
     given = dict(args.input or [])
     feeds = {}
@@ -123,7 +139,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     import omrt
     from .report import describe, plot
 
-    model = omrt.load(args.model, verify=args.verify, trust_kernels=args.trust_kernels)
+    model = omrt.load(args.model, verify=args.verify, trust_kernels=args.trust_kernels,
+                      weight_budget=args.weight_budget)
     print(describe(model, plan=args.plan))
     if args.verify:
         print("weights digest: ok")
@@ -180,6 +197,8 @@ def parser() -> argparse.ArgumentParser:
                    help="run the native kernels packed in the file (machine code: only for files you trust)")
     r.add_argument("--threads", type=_threads_arg, default=1, metavar="N",
                    help="run omrt's kernels on N threads of its own (default 1; see omrt.set_num_threads)")
+    r.add_argument("--weight-budget", type=_bytes_arg, metavar="BYTES",
+                   help="keep at most this many bytes of weights in memory (64M, 1G); stream the others")
     r.set_defaults(fn=cmd_run)
     i = sub.add_parser("inspect", help="show a .om file's partitions, I/O, kernels and memory plan")
     i.add_argument("model")
@@ -188,6 +207,8 @@ def parser() -> argparse.ArgumentParser:
     i.add_argument("--verify", action="store_true", help="also check the weights' digest")
     i.add_argument("--trust-kernels", action="store_true",
                    help="load the packed native kernels, to show whether they load on this host")
+    i.add_argument("--weight-budget", type=_bytes_arg, metavar="BYTES",
+                   help="show which weights stay resident and the streaming schedule under this budget")
     i.set_defaults(fn=cmd_inspect)
     b = sub.add_parser("bench", help="time an ONNX model with omrt and ONNX Runtime side by side")
     b.add_argument("model", help="the .onnx file (compiled to a temporary .om)")

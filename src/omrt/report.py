@@ -7,6 +7,7 @@ from collections import Counter
 
 from .format import Part
 from .plan import Program, picture
+from .plan.stream import StreamPlan
 from .runtime import Model
 
 
@@ -50,6 +51,8 @@ def describe(model: Model, plan: bool = False) -> str:
     lines.append("  " + plan_figures(p))
     for name, why in p.copy_only.items():
         lines.append(f"  copy-only output {name!r}: {why}")
+    if prep.stream is not None:
+        lines += streaming(prep.stream, plan)
     if plan:
         lines.append("tasks:")
         for t, task in enumerate(p.tasks):
@@ -62,6 +65,18 @@ def describe(model: Model, plan: bool = False) -> str:
         lines.append("arena over time (rows: tasks, columns: bytes):")
         lines.append(picture(p.blocks, p.arena_size, len(p.tasks)))
     return "\n".join(lines)
+
+
+def streaming(stream: StreamPlan, schedule: bool) -> list[str]:
+    """Resident against streamed weights under the budget, and with `schedule` each fill."""
+    lines = [f"weights under a budget of {mib(stream.budget)}: {mib(stream.resident_bytes)} resident "
+             f"({len(stream.resident)} tensors), {mib(stream.streamed_bytes)} streamed ({len(stream.fills)} "
+             f"tensors) through {stream.slots} slot{'s' if stream.slots != 1 else ''} of {mib(stream.slot_size)}"]
+    if schedule:
+        lines += [f"  slot {f.slot}: {f.key!r} ({mib(f.nbytes)}) read for tasks {f.first}-{f.last}"
+                  + (f", after {stream.fills[f.previous].key!r} is done" if f.previous is not None else "")
+                  for f in stream.fills]
+    return lines
 
 
 def plot(model: Model, path: str) -> None:

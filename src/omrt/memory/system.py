@@ -7,9 +7,12 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import fcntl
+import mmap
 import os
 import resource
 import struct
+
+import numpy as np
 
 from ..errors import AllocationError
 
@@ -83,10 +86,11 @@ def dma_buf_sync(fd: int, flags: int) -> None:
         raise AllocationError(f"dma-buf fd {fd}: DMA_BUF_IOCTL_SYNC failed ({e.strerror})") from None
 
 
-def mapped_huge_bytes(address: int, nbytes: int) -> int:
-    """Bytes of [address, address + nbytes) that /proc/self/smaps says are backed by huge pages."""
-    total = 0
-    inside = False
+def smaps_bytes(address: int, nbytes: int, *fields: str) -> int:
+    """The sum of these /proc/self/smaps fields ("Rss", "AnonHugePages", ...) over the mappings
+    that overlap [address, address + nbytes)."""
+    total, inside = 0, False
+    wanted = {f + ":" for f in fields}
     try:
         with open("/proc/self/smaps") as f:
             for line in f:
@@ -94,14 +98,43 @@ def mapped_huge_bytes(address: int, nbytes: int) -> int:
                 if "-" in head and ":" not in head:
                     lo, hi = (int(x, 16) for x in head.split("-"))
                     inside = lo < address + nbytes and address < hi
-                elif inside and head in ("AnonHugePages:", "ShmemPmdMapped:", "FilePmdMapped:"):
+                elif inside and head in wanted:
                     total += int(line.split()[1]) * 1024
     except OSError:
         return 0
     return total
 
 
+def mapped_huge_bytes(address: int, nbytes: int) -> int:
+    """Bytes of the mappings over [address, address + nbytes) backed by huge pages."""
+    return smaps_bytes(address, nbytes, "AnonHugePages", "ShmemPmdMapped", "FilePmdMapped")
+
+
 def map_count() -> int:
     """How many mappings this process has (a leak of Memory objects shows here)."""
     with open("/proc/self/maps") as f:
         return sum(1 for _ in f)
+
+
+def cached_bytes(fd: int, offset: int = 0, nbytes: int | None = None) -> int:
+    """Bytes of [offset, offset + nbytes) of a file that sit in the page cache now (mincore on a
+    mapping of that range, which faults nothing in): what a budget that drops pages leaves."""
+    nbytes = os.fstat(fd).st_size - offset if nbytes is None else nbytes
+    if nbytes <= 0:
+        return 0
+    start = offset - offset % mmap.ALLOCATIONGRANULARITY
+    length = offset + nbytes - start
+    mapping = mmap.mmap(fd, length, access=mmap.ACCESS_READ, offset=start)
+    pages = (ctypes.c_ubyte * (-(-length // mmap.PAGESIZE)))()
+    try:
+        array = np.frombuffer(mapping, np.uint8)
+        mincore = _libc.mincore
+        mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+        failed = mincore(array.__array_interface__["data"][0], length, pages)
+        del array
+    finally:
+        mapping.close()
+    if failed:
+        raise AllocationError(f"fd {fd}: mincore failed ({os.strerror(ctypes.get_errno())})")
+    first, last = (offset - start) // mmap.PAGESIZE, (length - 1) // mmap.PAGESIZE
+    return sum(pages[i] & 1 for i in range(first, last + 1)) * mmap.PAGESIZE

@@ -11,5 +11,7 @@ from .pool import IOPool, IOSet
 from .prepare import IOSpec
 from .session import Session
 from .single_op import run_op
+from .slots import WeightSlots
 
-__all__ = ["IOPool", "IOSet", "IOSpec", "Model", "Session", "Stats", "arena_size", "load", "run_op"]
+__all__ = ["IOPool", "IOSet", "IOSpec", "Model", "Session", "Stats", "WeightSlots", "arena_size", "load",
+           "run_op"]

@@ -24,13 +24,14 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from ..errors import KernelError, OmrtError
+from ..errors import BindError, KernelError, OmrtError
 from ..ir import Node
 from ..kernels import OpContext, lookup
 from ..kernels.base import Kernel
 from ..plan import ARENA, INPUT, OUTPUT, WEIGHT, Task
 from ..plan.infer import context, execute, infer_outputs, info_of
-from .prepare import Prepared
+from .prepare import Prepared, kernel_for
+from .stream import WeightStream
 
 Slot = tuple[list, int, int, tuple]
 """An argument slot: (argument list, position in it, and where the value lies in its I/O tensor:
@@ -60,10 +61,13 @@ class Call:
     """A kernel prepared with the plan's shapes, and the arrays it runs on."""
 
     node: Node
+    task: Task
     kernel: Kernel
     inputs: list[np.ndarray | None]
     outputs: list[np.ndarray | None]
     workspace: np.ndarray | None
+    opaque: frozenset[str] = frozenset()
+    """Weights this kernel was prepared without the values of (they may change under it)."""
 
     def execute(self, values: dict[str, Any], executor: "Executor") -> None:
         call_kernel(self.kernel, self.node.op_type, self.node.label, self.inputs, self.outputs, self.workspace)
@@ -97,44 +101,51 @@ Instruction = Call | LateCall
 class Executor:
     """A prepared program over an arena: its instructions, and the slots of its graph I/O."""
 
-    def __init__(self, prep: Prepared, arena: np.ndarray) -> None:
+    def __init__(self, prep: Prepared, arena: np.ndarray, stream: WeightStream | None = None) -> None:
         self.prep = prep
         self.arena = arena
-        self.arrays = self._lay_out(prep, arena)
+        self.stream = stream
+        self.arrays = self._lay_out(prep, arena, stream)
         self.slots: dict[str, list[Slot]] = {}
+        """Argument slots of each graph input and output, and of each weight (for swaps)."""
         self.targets: dict[str, np.ndarray] = {}
         """The buffer each graph input and output currently points at."""
         self.instructions: list[Instruction] = [self._instruction(t, task)
                                                 for t, task in enumerate(prep.program.tasks)]
 
     @staticmethod
-    def _lay_out(prep: Prepared, arena: np.ndarray) -> dict[str, np.ndarray]:
-        """Arrays over the arena and the weights for every planned value that lives there."""
+    def _lay_out(prep: Prepared, arena: np.ndarray, stream: WeightStream | None) -> dict[str, np.ndarray]:
+        """Arrays over the arena, the weights and the weight slots for every planned value."""
         graph, arrays = prep.graph, {}
+        streamed = stream.views if stream is not None else {}
         for v, place in prep.program.places.items():
             info = prep.info(v) if v not in graph.constants else graph.infos[v]
             if place.region == ARENA:
                 arrays[v] = arena[place.offset:place.offset + info.nbytes].view(info.dtype).reshape(info.shape)
             elif place.region == WEIGHT:
-                arrays[v] = graph.constants[place.key].reshape(info.shape)
+                weight = streamed.get(place.key, graph.constants[place.key])
+                arrays[v] = weight.reshape(info.shape)
         return arrays
 
     def _arguments(self, names: list[str]) -> list[np.ndarray | None]:
         """The planned arrays for `names`, recording the slots of graph inputs and outputs."""
         args = [self.arrays.get(v) if v else None for v in names]
         for pos, v in enumerate(names):
-            where = self._io_part(v) if v else None
+            where = self._slot_of(v) if v else None
             if where is not None:
                 key, start, shape = where
                 self.slots.setdefault(key, []).append((args, pos, start, shape))
         return args
 
-    def _io_part(self, value: str) -> tuple[str, int, tuple] | None:
-        """(I/O tensor, first element, shape) of a value planned inside a graph input or output."""
+    def _slot_of(self, value: str) -> tuple[str, int, tuple] | None:
+        """(I/O tensor or weight, first element, shape) of a value planned inside a graph input,
+        output or weight: the slots that re-pointing that tensor updates."""
         program = self.prep.program
         place = program.places.get(value)
-        if place is None or place.region not in (INPUT, OUTPUT):
+        if place is None or place.region not in (INPUT, OUTPUT, WEIGHT):
             return None
+        if place.region == WEIGHT:
+            return place.key, 0, tuple(program.shapes[value])
         start = (place.offset - program.io_offsets[place.key]) // self.prep.graph.infos[place.key].dtype.itemsize
         return place.key, start, tuple(program.shapes[value])
 
@@ -150,7 +161,7 @@ class Executor:
         outputs = self._arguments(task.outputs)
         start = task.workspace_offset
         workspace = self.arena[start:start + task.workspace_size] if task.workspace_size else None
-        return Call(node, kernel, inputs, outputs, workspace)
+        return Call(node, task, kernel, inputs, outputs, workspace, prep.streamed)
 
     def point(self, name: str, buffer: np.ndarray) -> None:
         """Address refresh: re-point every argument slot that refers to graph I/O tensor `name`."""
@@ -159,6 +170,27 @@ class Executor:
         for args, pos, start, shape in self.slots.get(name, ()):
             args[pos] = part(buffer, start, shape)
         self.targets[name] = buffer
+
+    def swap_weight(self, key: str, array: np.ndarray) -> None:
+        """Point every reader of weight `key` at `array` from the next run on; readers prepared
+        with its value are prepared again without it (they must not use the old one)."""
+        prep = self.prep
+        for step in self.instructions:
+            if not isinstance(step, Call) or key in step.opaque or not self._reads(step.task, key):
+                continue
+            opaque = step.opaque | {key}
+            kernel = kernel_for(prep.graph, prep.program, step.task, prep.native, opaque)
+            if not kernel.fit_workspace(step.task.workspace_size):
+                raise BindError(f"weight {key!r} cannot be swapped: node {step.node.label!r} needs "
+                                f"{kernel.workspace()} bytes of workspace without its value, the plan "
+                                f"gives {step.task.workspace_size}")
+            step.kernel, step.opaque = kernel, opaque
+        self.point(key, array)
+
+    def _reads(self, task: Task, key: str) -> bool:
+        places = self.prep.program.places
+        return any(v and v in places and places[v].region == WEIGHT and places[v].key == key
+                   for v in task.inputs)
 
     def forget(self, name: str) -> None:
         """Let go of the buffer `name` points at: its slots hold nothing until the next run
@@ -169,8 +201,8 @@ class Executor:
 
     def value(self, name: str) -> np.ndarray:
         """The array holding planned value `name` now (arena, weights, or an I/O tensor's buffer)."""
-        where = self._io_part(name)
-        if where is not None:
+        where = self._slot_of(name)
+        if where is not None and where[0] in self.targets:
             key, start, shape = where
             return part(self.targets[key], start, shape)
         return self.arrays[name]
@@ -191,14 +223,36 @@ class Executor:
         """Run every instruction in order; returns the run-time values by name (`values`, the
         sequence and optional inputs, included). `timings` adds each op type's wall time."""
         found: dict[str, Any] = dict(values)
+        if self.stream is not None:
+            return self._run_streamed(found, timings)
         if timings is None:
             for step in self.instructions:
                 step.execute(found, self)
             return found
         for step in self.instructions:
-            t0 = time.perf_counter()
-            try:
-                step.execute(found, self)
-            finally:
+            self._timed(step, found, timings)
+        return found
+
+    def _timed(self, step: Instruction, found: dict[str, Any], timings: Counter | None) -> None:
+        t0 = time.perf_counter()
+        try:
+            step.execute(found, self)
+        finally:
+            if timings is not None:
                 timings[step.node.op_type] += time.perf_counter() - t0
+
+    def _run_streamed(self, found: dict[str, Any], timings: Counter | None) -> dict[str, Any]:
+        """The loop with streamed weights: each task waits for the weights it reads first, and
+        frees the slots of those it reads last."""
+        stream = self.stream
+        run = stream.begin()
+        completed = False
+        try:
+            for t, step in enumerate(self.instructions):
+                stream.before(run, t)
+                self._timed(step, found, timings)
+                stream.after(run, t)
+            completed = True
+        finally:
+            stream.end(run, completed)
         return found

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import threading
+import weakref
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -21,6 +23,7 @@ from ..plan import lower, propagate
 from ..version import __version__
 from .prepare import IOSpec, Prepared, prepare
 from .session import Session
+from .stream import WeightFile
 
 
 def _release(version: object) -> tuple[int, ...]:
@@ -51,7 +54,14 @@ class Model:
     run it."""
 
     def __init__(self, source: Source | int | Memory, verify: bool = False, trust_kernels: bool = False,
-                 weights: Memory | None = None) -> None:
+                 weights: Memory | None = None, weight_budget: int | None = None,
+                 keep_page_cache: bool = False) -> None:
+        if weight_budget is not None and (weights is not None or not isinstance(weight_budget, int)
+                                          or weight_budget < 0):
+            raise InputError("weight_budget= is a number of bytes, and streams weights from the model file, "
+                             "where weights= places every weight in caller memory: pass one of the two"
+                             if weights is not None else
+                             f"weight_budget={weight_budget!r}: pass a number of bytes (0 or more)")
         self._source = _as_memory(source)
         self._file = OmFile(source if self._source is None else self._source.as_array(), _describe(source))
         self.path = self._file.path
@@ -71,6 +81,11 @@ class Model:
         self.native = load_kernels(self.kernels, trust_kernels)
         self.graph, program, self.metadata = decode(self._file.view(Part.MODEL_DEF), partition, self.path)
         self.file_size = self._file.size
+        self.weight_budget = weight_budget
+        """Bytes of weights sessions keep resident or in slots (None: every weight stays mapped)."""
+        self.weight_source = (self._weight_file(partition, source, keep_page_cache)
+                              if weight_budget is not None else None)
+        """Where streamed weights are read from (the model file), under a weight budget."""
         self.inputs = [self._spec(v) for v in self.graph.inputs]
         self.outputs = [self._spec(v) for v in self.graph.outputs]
         self._lock = threading.Lock()
@@ -86,6 +101,24 @@ class Model:
         except ValueError as e:
             raise FormatError(f"{self.path!r}: the {part.name} partition is not valid JSON; the file is "
                               f"corrupted") from e
+
+    def _weight_file(self, partition: memoryview, source: Any, keep_cache: bool) -> WeightFile:
+        """The model file, opened for streaming weights, and where each weight lies in it."""
+        if self._source is not None and self._source.fd is not None:
+            fd = self._source.fd
+        elif isinstance(source, (str, os.PathLike)):
+            fd = os.open(source, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+            weakref.finalize(self, os.close, fd)
+        else:
+            raise InputError(f"weight_budget= streams weights from the model file; {self.path} is memory: load "
+                             f"the model from a path or an fd")
+        base = np.frombuffer(partition, np.uint8).__array_interface__["data"][0] if len(partition) else 0
+        start = self._file.entry(Part.WEIGHTS).offset
+        offsets = {k: start + a.__array_interface__["data"][0] - base
+                   for k, a in self.graph.constants.items() if a.dtype != object and a.nbytes}
+        if isinstance(self._file.map, mmap.mmap):
+            self._file.map.madvise(mmap.MADV_DONTNEED)  # pages verify= read: resident weights refault
+        return WeightFile(fd, offsets, os.fstat(fd).st_size, keep_cache)
 
     def _place_weights(self, partition: memoryview, memory: Memory) -> memoryview:
         """Copy the weights into the caller's memory (once, at load) and read them from there."""
@@ -129,7 +162,7 @@ class Model:
                 return hit
             program = self._stored.get(key)
             if program is not None:
-                prep = prepare(self.graph, program, self.native)
+                prep = prepare(self.graph, program, self.native, self.weight_budget)
             else:
                 self.check_shapes(shapes)
                 prep = self._specialize(shapes)
@@ -144,7 +177,7 @@ class Model:
                           else g.infos[v] for v in g.inputs}},
                       dict(g.constants), dict(g.opsets), g.name)
         propagate(graph, fold=True)
-        return prepare(graph, lower(graph), self.native)
+        return prepare(graph, lower(graph), self.native, self.weight_budget)
 
     def session(self, zero_copy: str = "auto", arena: Memory | None = None, sync_inputs: bool = True,
                 sync_outputs: bool = True) -> Session:
@@ -192,7 +225,7 @@ def _describe(source: Any) -> str | None:
 
 
 def load(source: Source | int | Memory, verify: bool = False, trust_kernels: bool = False,
-         weights: Memory | None = None) -> Model:
+         weights: Memory | None = None, weight_budget: int | None = None, keep_page_cache: bool = False) -> Model:
     """Map a `.om` file, or read one in place from an fd (a memfd received over a socket, say), a
     `Memory`, or a buffer holding its bytes (bytes, bytearray, mmap, memoryview, ...): the weights
     are then views into that memory, kept alive by the model; do not change it while the model
@@ -200,8 +233,13 @@ def load(source: Source | int | Memory, verify: bool = False, trust_kernels: boo
     huge-page or shared) and reads them from there (`Model.weights_copied`). `verify=True` also
     checks the weights' digest (reads every byte).
 
+    `weight_budget=` (bytes) keeps only that many bytes of weights in memory per session: the
+    most reused and smallest stay mapped, the others stream from the file through fixed slots, read
+    ahead of the task that needs them (docs/memory.md). The pages read are dropped from the page
+    cache unless `keep_page_cache=True`.
+
     `trust_kernels=True` lets the native kernels packed in the file run (they are machine code:
     trust only files you compiled or got from someone you trust); otherwise, and where the host
     cannot load them, the built-in numpy kernels run instead. `Model.kernels` tells which happened.
     """
-    return Model(source, verify, trust_kernels, weights)
+    return Model(source, verify, trust_kernels, weights, weight_budget, keep_page_cache)

@@ -14,8 +14,9 @@ from ..errors import FormatError
 from ..ir import Graph, Shape, TensorInfo
 from ..kernels import lookup
 from ..kernels.base import Kernel
-from ..plan import DYNAMIC, Program
+from ..plan import DYNAMIC, Program, Task
 from ..plan.infer import context
+from ..plan.stream import StreamPlan, plan_stream, verify_stream
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,13 @@ class Prepared:
     kernels: list[Kernel | None]
     native: Any = None
     """The model's loaded native library, handed to kernels prepared at run time too."""
+    stream: StreamPlan | None = None
+    """Under a weight budget: the weights that stay resident and the slot schedule of the others."""
+
+    @property
+    def streamed(self) -> frozenset[str]:
+        """The weights that stream through slots (their kernels were prepared without values)."""
+        return frozenset(f.key for f in self.stream.fills) if self.stream else frozenset()
 
     def info(self, value: str) -> TensorInfo:
         """The dtype and planned shape of `value`."""
@@ -54,25 +62,45 @@ def _runs_late(program: Program, outputs: list[str]) -> bool:
                for v in outputs if v)
 
 
-def prepare(graph: Graph, program: Program, native: Any = None) -> Prepared:
+def kernel_for(graph: Graph, program: Program, task: Task, native: Any = None,
+               opaque: frozenset[str] = frozenset()) -> Kernel:
+    """The task's kernel with the program's concrete shapes. Weights in `opaque` are handed over
+    without their values: they may change under the kernel (streamed, or swapped by the caller),
+    so it must not precompute from them, nor read their mapped pages."""
+    node = graph.nodes[task.node]
+    cls = lookup(node.op_type, graph.opset(node.domain), node.domain, node.label)
+    ins = []
+    for v in task.inputs:
+        if not v:
+            ins.append(None)
+        elif v in graph.constants:
+            info = graph.infos[v]
+            ins.append(TensorInfo(info.dtype, info.shape) if v in opaque else info)
+        else:
+            ins.append(TensorInfo(graph.infos[v].dtype, tuple(program.shapes[v])))
+    outs = [TensorInfo(graph.infos[v].dtype, tuple(program.shapes[v])) if v in program.shapes else None
+            for v in task.outputs]
+    return cls(context(node, graph, native), ins, outs)
+
+
+def prepare(graph: Graph, program: Program, native: Any = None, weight_budget: int | None = None) -> Prepared:
     """Instantiate every task's kernel with the program's concrete shapes (and the model's native
-    library, when it has a trusted one)."""
-    kernels: list[Kernel | None] = []
+    library, when it has a trusted one); under a weight budget, plan which weights stream."""
+    stream = None
+    if weight_budget is not None:
+        sizes = {k: a.nbytes for k, a in graph.constants.items() if a.dtype != object}
+        stream = plan_stream(program, sizes, weight_budget)
+        verify_stream(stream, program, sizes)
+    prep = Prepared(program, graph, [], native, stream)
     for task in program.tasks:
         if _runs_late(program, task.outputs):
-            kernels.append(None)
+            prep.kernels.append(None)
             continue
-        node = graph.nodes[task.node]
-        cls = lookup(node.op_type, graph.opset(node.domain), node.domain, node.label)
-        ins = [None if not v else (graph.infos[v] if v in graph.constants
-                                   else TensorInfo(graph.infos[v].dtype, tuple(program.shapes[v])))
-               for v in task.inputs]
-        outs = [TensorInfo(graph.infos[v].dtype, tuple(program.shapes[v])) if v in program.shapes
-                else None for v in task.outputs]
-        kernel = cls(context(node, graph, native), ins, outs)
+        kernel = kernel_for(graph, program, task, native, prep.streamed)
         if not kernel.fit_workspace(task.workspace_size):
+            node = graph.nodes[task.node]
             raise FormatError(f"node {node.label!r} ({node.op_type}) needs {kernel.workspace()} bytes of "
                               f"workspace but the plan in the file gives {task.workspace_size}: the model "
                               f"was compiled by an omrt with other kernels; recompile it with this one")
-        kernels.append(kernel)
-    return Prepared(program, graph, kernels, native)
+        prep.kernels.append(kernel)
+    return prep

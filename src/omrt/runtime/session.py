@@ -21,11 +21,22 @@ from ..plan import DYNAMIC
 from .executor import Executor
 from .io import Stats, as_array, as_value, owned, span
 from .prepare import IOSpec, Prepared
+from .stream import WeightStream
 
 if TYPE_CHECKING:
     from .model import Model
 
 MODES = ("auto", "always")
+
+
+def _check_weight(name: str, array: np.ndarray, original: Any) -> None:
+    """A replacement weight must be the original's dtype and shape, C-contiguous and aligned."""
+    if array.dtype != original.dtype or tuple(array.shape) != tuple(original.shape):
+        raise BindError(f"weight {name!r} is {original.dtype} {tuple(original.shape)}; the replacement is "
+                        f"{array.dtype} {tuple(array.shape)}: pass one of exactly that dtype and shape")
+    if not (array.flags.c_contiguous and array.flags.aligned):
+        raise BindError(f"weight {name!r}: the replacement must be C-contiguous and aligned to "
+                        f"{array.dtype.alignment} bytes; np.ascontiguousarray makes such a copy")
 
 
 class Session:
@@ -55,6 +66,8 @@ class Session:
         self._running = arena.run_lock if arena is not None else threading.Lock()
         """Held while a run uses the arena: runs of sessions sharing one arena take turns."""
         self._io: np.ndarray | None = None
+        self._weights: dict[str, tuple[np.ndarray, Memory | None]] = {}
+        self._stream: WeightStream | None = None
         self._executor: Executor | None = None
         if model.default is not None:
             self._use(model.default)
@@ -85,7 +98,14 @@ class Session:
             self._arena = aligned_empty(p.arena_size)
         if self._io is not None and self._io.size < p.io_size:
             self._io = None
-        self._executor = Executor(prep, self._arena)
+        self._executor = None  # holds views of the old slots
+        if self._stream is not None:
+            self._stream.close()
+        self._stream = (WeightStream(prep.stream, self.model.weight_source, prep.graph.infos)
+                        if prep.stream is not None and prep.stream.fills else None)
+        self._executor = Executor(prep, self._arena, self._stream)
+        for name, (array, _) in self._weights.items():
+            self._executor.swap_weight(name, array)
         self.stats.arena_bytes = p.arena_size
         self.stats.lower_bound = p.lower_bound
         for name, arr in self._bound.items():
@@ -202,6 +222,40 @@ class Session:
         self.bind(name, memory)
         return memory
 
+    def set_weight(self, name: str, weight: Any, offset: int = 0) -> None:
+        """Read weight `name` from `weight` (an array, or a `Memory` from byte `offset`) in the
+        following runs, without a copy: the kernels that read it are pointed at it (address
+        refresh) and prepared again without its old value. None goes back to the model's own."""
+        original = self._weight_info(name)
+        old = self._weights.pop(name, (None, None))[1]
+        if old is not None and all(m is not old for _, m in self._weights.values()):
+            old.release(self)
+        if weight is None:
+            if self._executor is not None:
+                self._executor.swap_weight(name, self.model.graph.constants[name])
+            return
+        memory = weight if isinstance(weight, Memory) else None
+        array = weight.view(original.dtype, original.shape, offset) if memory else as_array(weight, name)
+        _check_weight(name, array, original)
+        if memory is not None:
+            memory.hold(self, f"weight {name!r} of a session of {self.model!r}")
+        self._weights[name] = (array, memory)
+        if self._executor is not None:
+            self._executor.swap_weight(name, array)
+
+    def _weight_info(self, name: str) -> Any:
+        """The info of a weight a session can swap, or an InputError listing them."""
+        graph = self.model.graph
+        readers = {v for n in graph.nodes for v in n.inputs}
+        swappable = sorted(k for k, a in graph.constants.items() if k in readers and a.dtype != object)
+        if name not in swappable:
+            shown = ", ".join(repr(k) for k in swappable[:12]) + (", ..." if len(swappable) > 12 else "")
+            raise InputError(f"{name!r} is not a weight the model's kernels read; they are {shown}")
+        if self._prep is not None and name in self._prep.streamed:
+            raise BindError(f"weight {name!r} streams through slots under the weight budget; it cannot also "
+                            f"be swapped: load the model with a budget that keeps it resident")
+        return graph.infos[name]
+
     def unbind(self, name: str) -> None:
         """Forget the buffer bound to `name`; runs allocate (outputs) or need a feed (inputs) again."""
         if name in self._held:
@@ -221,13 +275,19 @@ class Session:
             memory.release(self)
 
     def close(self) -> None:
-        """Unbind everything and let go of the arena: memory it held can then be closed."""
+        """Unbind everything, stop streaming weights and let go of the arena: memory it held can
+        then be closed."""
         for name in list(self._bound):
             self.unbind(name)
+        for name in list(self._weights):
+            self.set_weight(name, None)
         self._held.clear()
+        self._executor = None
+        if self._stream is not None:
+            self._stream.close()
+            self._stream = None
         if self._arena_memory is not None:
             self._arena_memory.release(self)
-        self._executor = None
         self._arena = np.empty(0, np.uint8)
 
     def __enter__(self) -> "Session":
