@@ -257,3 +257,20 @@ def test_weight_slots_cycle_experts_in_place(mlp_om, tmp_path):
         slots.fill(0, np.zeros(LAYER // 4 + 1, np.float32))
     sess.close()
     slots.close()
+
+
+def test_the_command_line_takes_a_weight_budget_and_shows_the_schedule(mlp_om, capsys):
+    from omrt import cli
+
+    assert cli.main(["inspect", mlp_om, "--weight-budget", f"{(LAYER + 8192) / 1024:g}K", "--plan"]) == 0
+    out = capsys.readouterr().out
+    assert "weights under a budget of 0.26 MiB: 0.00 MiB resident (4 tensors), 1.00 MiB streamed (4 tensors) " \
+           "through 1 slot of 0.25 MiB" in out
+    assert "slot 0: 'W1' (0.25 MiB) read for tasks 1-1, after 'W0' is done" in out
+    assert cli.main(["run", mlp_om, "--weight-budget", "1M", "--repeat", "2"]) == 0
+    assert "runs 3, bytes copied 0" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        cli.main(["run", mlp_om, "--weight-budget", "lots"])
+    assert "'lots': expected a byte count such as 65536, 64K, 64M or 1.5G" in capsys.readouterr().err
+    assert cli.main(["run", mlp_om, "--weight-budget", "1K"]) == 2
+    assert "is below this model's minimum of" in capsys.readouterr().err
