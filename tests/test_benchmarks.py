@@ -30,3 +30,13 @@ def test_compare_runs_on_squeezenet(tmp_path):
     assert rec["ratio_vs_run"] > 0 and rec["ratio_vs_iobinding"] > 0
     assert "bytes_copied_per_run" in rec and rec["check"]
     assert doc["summary"]["1"]["models"] == 1
+
+
+def test_plans_benchmark_uses_the_stored_plans(tmp_path):
+    out = tmp_path / "plans.json"
+    proc = subprocess.run([sys.executable, os.path.join(BENCH, "plans.py"), "--reps", "1", "--json", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for name, res in json.loads(out.read_text())["results"].items():
+        assert res["stored_plans_used"] == {"runtime": 0, "stored": 3}, name
+        assert res["median_ms"]["stored"] > 0 and res["median_ms"]["runtime"] > 0

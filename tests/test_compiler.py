@@ -9,6 +9,7 @@ from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
 import omrt
+from omrt.report import describe
 
 RNG = np.random.default_rng(1)
 
@@ -332,3 +333,59 @@ def test_an_input_type_the_operator_does_not_take_is_a_compile_error(tmp_path):
                                                 r"which MatMul does not take; it allows tensor\(bfloat16\), "):
         omrt.compile(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(tmp_path / "m.om"))
     assert not list(tmp_path.iterdir())
+
+
+def _flatten_conv(batch="N", side="S"):
+    """Conv then a Reshape whose target comes from Shape: the shape sub-graph folds only once
+    the input signature is known."""
+    w = numpy_helper.from_array(RNG.standard_normal((4, 3, 3, 3)).astype(np.float32), "w")
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Shape", ["c"], ["s"]),
+             helper.make_node("Slice", ["s", "zero", "one"], ["n"]),
+             helper.make_node("Concat", ["n", "minus1"], ["target"], axis=0),
+             helper.make_node("Reshape", ["c", "target"], ["y"])]
+    consts = [numpy_helper.from_array(np.array([0], np.int64), "zero"),
+              numpy_helper.from_array(np.array([1], np.int64), "one"),
+              numpy_helper.from_array(np.array([-1], np.int64), "minus1")]
+    return _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 3, side, side])],
+                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, None])], [w] + consts)
+
+
+def test_plans_for_given_signatures_are_made_at_compile_time_and_used_at_load(tmp_path):
+    m = _flatten_conv()
+    path = str(tmp_path / "p.om")
+    signatures = [{"x": (1, 3, 8, 8)}, {"x": (2, 3, 16, 16)}]
+    res = omrt.compile(m, path, shapes_for=signatures)
+    assert res.program is None and [p.signature for p in res.stored] == signatures
+    model = omrt.load(path)
+    assert [p.signature for p in model.stored_plans] == signatures
+    ref = ReferenceEvaluator(m)
+    for sig, stored in zip(signatures, model.stored_plans):
+        prep = model.prepared(sig)
+        assert prep.program is stored  # the plan from the file, proved by the verifier, not planned again
+        x = RNG.standard_normal(sig["x"]).astype(np.float32)
+        (want,) = ref.run(None, {"x": x})
+        got = model.session().run({"x": x})["y"]
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+    other = model.prepared({"x": (3, 3, 8, 8)})  # any other signature is still planned on demand
+    assert all(other.program is not p for p in model.stored_plans)
+    assert "plans: 2 stored for input signatures" in describe(model)
+
+
+def test_plans_for_must_name_the_symbolic_inputs_with_their_declared_rank(tmp_path):
+    m = _flatten_conv()
+    with pytest.raises(omrt.CompileError, match=r"must give a shape to exactly the inputs with symbolic dims: \['x'\]"):
+        omrt.compile(m, str(tmp_path / "a.om"), shapes_for=[{"q": (1, 3, 8, 8)}])
+    with pytest.raises(omrt.CompileError, match=r"gives input 'x' shape \(1, 4, 8, 8\); it is declared "
+                                                r"\('N', 3, 'S', 'S'\)"):
+        omrt.compile(m, str(tmp_path / "b.om"), shapes_for=[{"x": (1, 4, 8, 8)}])
+    with pytest.raises(omrt.CompileError, match=r"gives input 'x' shape \(1, 3, 8\)"):
+        omrt.compile(m, str(tmp_path / "c.om"), shapes_for=[{"x": (1, 3, 8)}])
+    assert not (tmp_path / "a.om").exists()
+    fixed = _model([helper.make_node("Reshape", ["x", "t"], ["y"])],
+                   [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
+                   [numpy_helper.from_array(np.array([1, 4], np.int64), "t")])
+    with pytest.raises(omrt.CompileError, match=r"shapes_for \{'x': \(2, 4\)\}: the model cannot run at these "
+                                                r"shapes: .*cannot reshape \(2, 4\)"):
+        omrt.compile(fixed, str(tmp_path / "d.om"), shapes_for=[{"x": (2, 4)}])

@@ -54,6 +54,23 @@ def test_cli_compile_run_inspect(tmp_path):
     assert (tmp_path / "plan.svg").read_text().startswith("<svg")
 
 
+def test_cli_plans_signatures_at_compile_time(tmp_path):
+    import onnx
+    import omrt
+    from conftest import mlp_model
+
+    onnx_path = tmp_path / "dyn.onnx"
+    onnx.save(mlp_model(batch="N"), onnx_path)
+    res = _omrt("compile", str(onnx_path), "dyn.om", "--plan-for", "x=1x64", "--plan-for", "x=8x64", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert "planned for {'x': (1, 64)}" in res.stdout and "planned for {'x': (8, 64)}" in res.stdout
+    assert [p.signature for p in omrt.load(str(tmp_path / "dyn.om")).stored_plans] == [{"x": (1, 64)}, {"x": (8, 64)}]
+    res = _omrt("inspect", "dyn.om", cwd=tmp_path)
+    assert "plans: 2 stored for input signatures" in res.stdout
+    res = _omrt("compile", str(onnx_path), "bad.om", "--plan-for", "x=1x64,", cwd=tmp_path)
+    assert res.returncode == 2 and "--plan-for 'x=1x64,': expected NAME=D1xD2x...[,NAME=...]" in res.stderr
+
+
 def test_cli_errors_are_one_clear_line(tmp_path):
     res = _omrt("run", "missing.om", cwd=tmp_path)
     assert res.returncode == 2

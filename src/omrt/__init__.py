@@ -21,12 +21,14 @@ if TYPE_CHECKING:
 
 
 def compile(model: Any, output: str | os.PathLike, shapes: Mapping[str, Sequence[int]] | None = None,
-            progress: Any = None, native: bool = True) -> "CompileResult":
+            progress: Any = None, native: bool = True,
+            shapes_for: Sequence[Mapping[str, Sequence[int]]] = ()) -> "CompileResult":
     """Compile an ONNX model (path, bytes or ModelProto) into the `.om` file `output`; `native`
-    packs the C kernels its ops can use (see `omrt.load(..., trust_kernels=True)`)."""
+    packs the C kernels its ops can use (see `omrt.load(..., trust_kernels=True)`); `shapes_for`
+    lists input signatures of a symbolic model to plan now rather than at run time."""
     from .compiler import compile_model
 
-    return compile_model(model, output, shapes=shapes, progress=progress, native=native)
+    return compile_model(model, output, shapes=shapes, progress=progress, native=native, shapes_for=shapes_for)
 
 
 __all__ = ["AllocationError", "BindError", "CompileError", "FormatError", "IOSpec", "InputError", "KernelError",

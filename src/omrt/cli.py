@@ -25,6 +25,15 @@ def _shape_arg(text: str) -> tuple[str, tuple[int, ...]]:
                                          f"input=1x3x224x224") from None
 
 
+def _signature_arg(text: str) -> dict[str, tuple[int, ...]]:
+    """One input signature: NAME=D1xD2[,NAME=D1xD2...], a shape for each symbolic input."""
+    try:
+        return dict(_shape_arg(part) for part in text.split(","))
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"--plan-for {text!r}: expected NAME=D1xD2x...[,NAME=...], e.g. "
+                                         f"ids=1x128,mask=1x128") from None
+
+
 def _threads_arg(text: str) -> int:
     if not text.isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"--threads {text!r}: expected a whole number >= 1")
@@ -74,7 +83,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
             print(f"  {msg}", file=sys.stderr)
 
     res = omrt.compile(args.model, args.output, shapes=dict(args.shape or []), progress=progress,
-                       native=not args.no_native)
+                       native=not args.no_native, shapes_for=args.plan_for or [])
     from .report import mib, plan_figures
 
     print(f"{args.output}: {mib(res.file_size)} ({mib(res.weights_bytes)} weights), "
@@ -83,6 +92,8 @@ def cmd_compile(args: argparse.Namespace) -> int:
         print(f"  {plan_figures(res.program)}")
     else:
         print("  input shapes are symbolic: plans are made per input signature at run time")
+    for program in res.stored:
+        print(f"  planned for {program.signature}: {plan_figures(program)}")
     return 0
 
 
@@ -183,6 +194,9 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("output", help="the .om file to write")
     c.add_argument("--shape", action="append", type=_shape_arg, metavar="NAME=D1xD2...",
                    help="fix an input's shape (repeatable)")
+    c.add_argument("--plan-for", action="append", type=_signature_arg, metavar="NAME=D1xD2[,NAME=...]",
+                   help="plan memory now for this input signature of a model with symbolic shapes "
+                        "(repeatable); loading it then plans nothing for that signature")
     c.add_argument("-q", "--quiet", action="store_true", help="no progress messages")
     c.add_argument("--no-native", action="store_true",
                    help="do not build and pack native kernels (the model then runs on numpy kernels only)")

@@ -44,7 +44,9 @@ def describe(model: Model, plan: bool = False) -> str:
     lines.append("environment: " + ", ".join(f"{k} {v}" for k, v in model.env.items()))
     prep = model.default
     if prep is None:
-        lines.append("plan: none stored (input shapes are symbolic; planned per input signature at run time)")
+        lines.append(f"plans: {len(model.stored_plans) or 'none'} stored for input signatures (shapes are "
+                     f"symbolic; others are planned at run time)")
+        lines += [f"  {dict(p.signature)}: {plan_figures(p)}" for p in model.stored_plans]
         return "\n".join(lines)
     p = prep.program
     lines.append(f"plan: {len(p.tasks)} tasks, {len(p.blocks)} feature-map blocks")

@@ -6,21 +6,22 @@ import json
 import os
 import platform
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 import onnx
 
+from ..errors import CompileError, ShapeError
 from ..version import __version__
 from ..format import Part, write
 from ..format.kernelstore import Packed, kinds_flag, pack
-from ..format.modeldef import encode, weight_layout, weights
+from ..format.modeldef import encode, encode_program, weight_layout, weights
 from ..ir import Graph
 from ..kernels import lookup
 from ..native.library import kernel_abi
 from ..native import build
-from ..plan import Program, lower, propagate
+from ..plan import Program, lower, propagate, specialize
 from .importer import import_model, load_model
 from .passes import optimize, use_winograd
 from .typecheck import check_types
@@ -28,7 +29,8 @@ from .typecheck import check_types
 
 @dataclass
 class CompileResult:
-    """What a compile produced: the file, its size, the plan figures and the time it took."""
+    """What a compile produced: the file, its size, the plan figures, the time it took and the
+    plans stored for the `shapes_for` signatures."""
 
     path: str
     file_size: int
@@ -36,6 +38,7 @@ class CompileResult:
     program: Program | None
     graph: Graph
     seconds: float
+    stored: list[Program] = field(default_factory=list)
 
 
 def _environment() -> dict[str, str]:
@@ -74,12 +77,33 @@ def _native_library(graph: Graph, say: Callable[[str], None]) -> Packed | None:
     return build.build(native_units(graph), say)
 
 
+def _plan_for(graph: Graph, signature: Mapping[str, Sequence[int]], say: Callable[[str], None]) -> Program:
+    """The program of one input signature, planned now for the PLANS partition."""
+    free = {v for v in graph.inputs if graph.infos[v].is_tensor and not graph.infos[v].static}
+    if set(signature) != free:
+        raise CompileError(f"shapes_for {dict(signature)} must give a shape to exactly the inputs with symbolic "
+                           f"dims: {sorted(free) or 'none (the model has one plan already)'}")
+    for name, shape in signature.items():
+        declared = graph.infos[name].shape
+        if len(shape) != len(declared) or any(isinstance(d, int) and d != s for d, s in zip(declared, shape)):
+            raise CompileError(f"shapes_for gives input {name!r} shape {tuple(shape)}; it is declared "
+                               f"{tuple(declared)} (strings are free dims)")
+    say(f"planning memory for {dict(signature)}")
+    try:
+        return lower(specialize(graph, signature))
+    except ShapeError as e:
+        raise CompileError(f"shapes_for {dict(signature)}: the model cannot run at these shapes: {e}") from e
+
+
 def compile_model(model: Any, output: str | os.PathLike, shapes: Mapping[str, Sequence[int]] | None = None,
-                  progress: Callable[[str], None] | None = None, native: bool = True) -> CompileResult:
+                  progress: Callable[[str], None] | None = None, native: bool = True,
+                  shapes_for: Sequence[Mapping[str, Sequence[int]]] = ()) -> CompileResult:
     """Compile `model` into `output`; on any failure nothing is written.
 
     `native` packs the C kernels the model's ops can use (built with the host's C compiler; see
     `omrt.native`); without them, or without a compiler, the model runs on numpy kernels.
+    `shapes_for` lists input signatures of a model with symbolic dims to plan now, into the
+    PLANS partition: loading the model then plans nothing at run time for them.
     """
     t0 = time.perf_counter()
     say = progress or (lambda msg: None)
@@ -97,6 +121,7 @@ def compile_model(model: Any, output: str | os.PathLike, shapes: Mapping[str, Se
     if all(graph.infos[v].static for v in graph.inputs if graph.infos[v].is_tensor):
         say("planning memory")
         program = lower(graph)
+    stored = [_plan_for(graph, signature, say) for signature in shapes_for]
     records = [library] if library is not None else []
     constants = weights(graph)
     layout = weight_layout(constants)
@@ -105,7 +130,7 @@ def compile_model(model: Any, output: str | os.PathLike, shapes: Mapping[str, Se
                 "doc": proto.doc_string, "graph": proto.graph.name}
     modeldef = encode(graph, layout, program, metadata)
     env = json.dumps(_environment()).encode()
-    plans = json.dumps({"programs": []}).encode()
+    plans = json.dumps({"programs": [encode_program(p) for p in stored]}).encode()
     say(f"writing {weights_bytes / 1e6:.1f} MB of weights")
     size = write(output, [
         (Part.MODEL_DEF, lambda sink: sink(modeldef)),
@@ -114,4 +139,4 @@ def compile_model(model: Any, output: str | os.PathLike, shapes: Mapping[str, Se
         (Part.PLANS, lambda sink: sink(plans)),
         (Part.ENV, lambda sink: sink(env)),
     ], flags=kinds_flag(records), progress=say)
-    return CompileResult(os.fspath(output), size, weights_bytes, program, graph, time.perf_counter() - t0)
+    return CompileResult(os.fspath(output), size, weights_bytes, program, graph, time.perf_counter() - t0, stored)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -299,3 +299,14 @@ def _fold_node(graph: Graph, node: Node, cls: type[Kernel], ctx: OpContext, ins:
         if name:
             graph.add_constant(name, val)
     return True
+
+
+def specialize(graph: Graph, shapes: Mapping[str, Sequence[int]]) -> Graph:
+    """A copy of `graph` with these concrete input shapes, propagated and folded again: what
+    the shape sub-graphs that depended on symbolic dims become for one input signature."""
+    infos = {v: graph.infos[v] for v in graph.outputs}
+    infos.update((v, TensorInfo(graph.infos[v].dtype, tuple(int(d) for d in shapes[v])) if v in shapes
+                  else graph.infos[v]) for v in graph.inputs)
+    copy = Graph(list(graph.nodes), list(graph.inputs), list(graph.outputs), infos, dict(graph.constants),
+                 dict(graph.opsets), graph.name)
+    return propagate(copy, fold=True)

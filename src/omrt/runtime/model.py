@@ -16,10 +16,11 @@ from ..format import OmFile, Part
 from ..format.container import Source
 from ..format.kernelstore import Packed, unpack
 from ..format.modeldef import decode, decode_program
-from ..ir import Graph, TensorInfo
+from ..ir import Graph
 from ..memory import Memory
 from ..native.loader import load as load_kernels
-from ..plan import lower, propagate
+from ..plan import Program, lower, specialize
+from ..plan import verify as verify_program
 from ..version import __version__
 from .prepare import IOSpec, Prepared, prepare
 from .session import Session
@@ -93,6 +94,9 @@ class Model:
         stored = ([program] if program else []) + [decode_program(p)
                                                    for p in self._json(Part.PLANS).get("programs", [])]
         self._stored = {_signature_key(p.signature): p for p in stored}
+        self.stored_plans = tuple(stored)
+        """The programs the file carries, planned at compile time: its static plan or the
+        `shapes_for` signatures of a symbolic model; sessions for them plan nothing at load."""
         self.default = self.prepared(program.signature) if program is not None else None
 
     def _json(self, part: Part) -> dict:
@@ -161,23 +165,22 @@ class Model:
             if hit is not None:
                 return hit
             program = self._stored.get(key)
-            if program is not None:
-                prep = prepare(self.graph, program, self.native, self.weight_budget)
-            else:
+            if program is None:
                 self.check_shapes(shapes)
-                prep = self._specialize(shapes)
+            prep = self._prepare(shapes, program)
             self._prepared[key] = prep
             return prep
 
-    def _specialize(self, shapes: Mapping[str, Sequence[int]]) -> Prepared:
-        g = self.graph
-        graph = Graph(list(g.nodes), list(g.inputs), list(g.outputs),
-                      {**{v: g.infos[v] for v in g.outputs},
-                       **{v: TensorInfo(g.infos[v].dtype, tuple(int(d) for d in shapes[v])) if v in shapes
-                          else g.infos[v] for v in g.inputs}},
-                      dict(g.constants), dict(g.opsets), g.name)
-        propagate(graph, fold=True)
-        return prepare(graph, lower(graph), self.native, self.weight_budget)
+    def _prepare(self, shapes: Mapping[str, Sequence[int]], program: Program | None) -> Prepared:
+        """Prepare a program for these shapes: a stored one (made at compile time, for the graph
+        specialized to them) or one planned now."""
+        static = all(isinstance(d, int) for s in self.inputs if s.kind == "tensor" for d in s.shape)
+        graph = self.graph if static else specialize(self.graph, shapes)
+        if program is not None and _matches(program, graph):
+            verify_program(program, graph)  # a stored plan is proved like a new one
+        else:
+            program = lower(graph)
+        return prepare(graph, program, self.native, self.weight_budget)
 
     def session(self, zero_copy: str = "auto", arena: Memory | None = None, sync_inputs: bool = True,
                 sync_outputs: bool = True) -> Session:
@@ -197,6 +200,13 @@ class Model:
         p = prep.program
         return {"weights": self._file.entry(Part.WEIGHTS).size, "arena": p.arena_size,
                 "workspace": max((t.workspace_size for t in p.tasks), default=0), "io_fallback": p.io_size}
+
+
+def _matches(program: Program, graph: Graph) -> bool:
+    """Whether a stored program was planned for this graph (the same tasks over the same nodes);
+    a file written by another omrt may specialize differently: then it is planned again."""
+    return all(t.node < len(graph.nodes) and all(v in graph.infos or not v for v in t.inputs + t.outputs)
+               for t in program.tasks) and set(program.places) <= set(graph.infos)
 
 
 def arena_size(models: Sequence[Model], shapes: Sequence[Mapping[str, Sequence[int]] | None] | None = None) -> int:
