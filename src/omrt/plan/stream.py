@@ -10,7 +10,9 @@ Steps, like the arena planner's:
    page), allocated once: no allocation and no free per swap. A streamed weight occupies a slot
    from the end of the previous occupant's last reader to its own last reader; K must be at least
    the most streamed weights live at one task, and every slot more lets the filler read further
-   ahead. Weights leave the resident set, least valuable first, until resident + K * slot fits.
+   ahead. Weights leave the resident set, least valuable first, until resident + K * slot fits
+   with one slot of read-ahead (K above that need), so that reads overlap the kernels; when the
+   budget cannot hold that, until it fits at all (then reads and kernels take turns).
 3. Fills are assigned slots in the order of their first reader, each to the slot freed earliest
    (round robin when all are free), so the filler can read a weight as soon as a slot is free.
 
@@ -53,7 +55,7 @@ class StreamPlan:
 
     budget: int
     resident: dict[str, int] = field(default_factory=dict)
-    """key -> bytes of every weight that stays mapped."""
+    """key -> bytes of every weight that stays resident (read once, not streamed)."""
     fills: list[Fill] = field(default_factory=list)
     slot_size: int = 0
     slots: int = 0
@@ -110,21 +112,36 @@ def plan_stream(program: Program, sizes: dict[str, int], budget: int) -> StreamP
     readers = weight_readers(program, sizes)
     keep = sorted(readers, key=lambda k: (-len(readers[k]), sizes[k], k))
     movable = [k for k in reversed(keep) if sizes[k] >= MIN_STREAMED]
-    resident = dict((k, sizes[k]) for k in keep)
+    fitted = _fit(keep, movable, sizes, readers, budget, read_ahead=False)
+    if fitted is None:
+        raise InputError(_too_small(budget, sizes, readers))
+    ahead = _fit(keep, movable, sizes, readers, budget, read_ahead=True)
+    streamed, slot_size, count = ahead or fitted
+    resident = {k: sizes[k] for k in keep if k not in streamed}
+    return StreamPlan(budget, resident, _schedule(streamed, sizes, readers, count), slot_size, count)
+
+
+def _fit(keep: list[str], movable: list[str], sizes: dict[str, int], readers: dict[str, list[int]],
+         budget: int, read_ahead: bool) -> tuple[list[str], int, int] | None:
+    """(streamed weights, slot size, slot count) moving the fewest weights out of the resident set
+    (least valuable first) so that resident + slots fit `budget`; with `read_ahead`, also a slot
+    more than the weights live at one task need, so the filler reads the next weight while the
+    kernels compute (when every streamed weight has a slot of its own, all are read ahead).
+    None when no such plan exists."""
+    resident_bytes = sum(sizes[k] for k in keep)
     streamed: list[str] = []
-    while True:
-        room = budget - sum(resident.values())
+    for key in [None, *movable]:
+        if key is not None:
+            streamed.append(key)
+            resident_bytes -= sizes[key]
+        room = budget - resident_bytes
         slot_size, count = _slots(streamed, sizes, readers, room)
-        if room >= 0 and (count or not streamed):
-            break
-        if not movable:
-            raise InputError(_too_small(budget, sizes, readers))
-        key = movable.pop(0)
-        streamed.append(key)
-        del resident[key]
-    plan = StreamPlan(budget, resident, [], slot_size, count)
-    plan.fills = _schedule(streamed, sizes, readers, count)
-    return plan
+        if room < 0 or (streamed and not count):
+            continue
+        needed = _live_at_once(streamed, readers)
+        if not read_ahead or not streamed or count > needed or count == len(streamed) > 1:
+            return list(streamed), slot_size, count
+    return None
 
 
 def _too_small(budget: int, sizes: dict[str, int], readers: dict[str, list[int]]) -> str:

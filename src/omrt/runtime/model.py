@@ -7,7 +7,7 @@ import mmap
 import os
 import threading
 import weakref
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -91,6 +91,8 @@ class Model:
         self.outputs = [self._spec(v) for v in self.graph.outputs]
         self._lock = threading.Lock()
         self._prepared: dict[tuple, Prepared] = {}
+        self._resident: dict[str, np.ndarray] = {}
+        self._resident_memory: list[Memory] = []
         stored = ([program] if program else []) + [decode_program(p)
                                                    for p in self._json(Part.PLANS).get("programs", [])]
         self._stored = {_signature_key(p.signature): p for p in stored}
@@ -180,7 +182,25 @@ class Model:
             verify_program(program, graph)  # a stored plan is proved like a new one
         else:
             program = lower(graph)
-        return prepare(graph, program, self.native, self.weight_budget)
+        prep = prepare(graph, program, self.native, self.weight_budget, self._hold_resident)
+        if self.weight_budget is not None and isinstance(self._file.map, mmap.mmap):
+            self._file.map.madvise(mmap.MADV_DONTNEED)  # what preparing read stays out of RSS
+        return prep
+
+    def _hold_resident(self, graph: Graph, keys: Iterable[str]) -> None:
+        """Under a weight budget, read the weights that stay resident once into anonymous memory.
+        Read through the file's mapping instead, each would hold the page-cache block around it
+        (up to 2 MiB, streamed neighbours included) in RSS and in the page cache."""
+        source = self.weight_source
+        todo = {k: graph.constants[k] for k in keys if k in source.offsets and k not in self._resident}
+        if todo:
+            memory, arrays = source.read_resident(todo)
+            self._resident_memory.append(memory)
+            self._resident.update(arrays)
+        for g in {id(graph): graph, id(self.graph): self.graph}.values():
+            for k in keys:
+                if k in self._resident:
+                    g.add_constant(k, self._resident[k])
 
     def session(self, zero_copy: str = "auto", arena: Memory | None = None, sync_inputs: bool = True,
                 sync_outputs: bool = True) -> Session:

@@ -6,7 +6,7 @@ Shared by `Model` (which prepares and caches programs) and `Session` (which runs
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable, Iterable
 
 import numpy as np
 
@@ -83,14 +83,18 @@ def kernel_for(graph: Graph, program: Program, task: Task, native: Any = None,
     return cls(context(node, graph, native), ins, outs)
 
 
-def prepare(graph: Graph, program: Program, native: Any = None, weight_budget: int | None = None) -> Prepared:
+def prepare(graph: Graph, program: Program, native: Any = None, weight_budget: int | None = None,
+            hold_resident: Callable[[Graph, Iterable[str]], None] | None = None) -> Prepared:
     """Instantiate every task's kernel with the program's concrete shapes (and the model's native
-    library, when it has a trusted one); under a weight budget, plan which weights stream."""
+    library, when it has a trusted one); under a weight budget, plan which weights stream, and let
+    `hold_resident` place the ones that stay before any kernel reads them."""
     stream = None
     if weight_budget is not None:
         sizes = {k: a.nbytes for k, a in graph.constants.items() if a.dtype != object}
         stream = plan_stream(program, sizes, weight_budget)
         verify_stream(stream, program, sizes)
+        if hold_resident is not None:
+            hold_resident(graph, stream.resident)
     prep = Prepared(program, graph, [], native, stream)
     for task in program.tasks:
         if _runs_late(program, task.outputs):

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import BindError, FormatError, OmrtError
-from ..memory import Memory
+from ..memory import Memory, align
 from ..plan.stream import StreamPlan
 
 
@@ -49,6 +49,22 @@ class WeightFile:
                               f"changed under the running model: load it again")
         if not self.keep_cache:
             os.posix_fadvise(self.fd, offset, into.nbytes, os.POSIX_FADV_DONTNEED)
+
+
+    def read_resident(self, like: dict[str, np.ndarray]) -> tuple[Memory, dict[str, np.ndarray]]:
+        """Read these weights once into one anonymous allocation: (the memory, read-only arrays of
+        the dtypes and shapes of `like`, by key)."""
+        starts, total = {}, 0
+        for key, array in like.items():
+            starts[key] = total
+            total = align(total + array.nbytes, 64)
+        memory = Memory.allocate(max(total, 1), name="omrt-resident-weights")
+        arrays = {}
+        for key, array in like.items():
+            arrays[key] = memory.view(array.dtype, array.shape, starts[key])
+            self.read(key, arrays[key])
+            arrays[key].flags.writeable = False
+        return memory, arrays
 
 
 class _Run:
