@@ -37,7 +37,6 @@ native kernels, which the workers trust (`trust_kernels=True`): this script buil
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -45,10 +44,10 @@ import platform
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 
-from load import _maxrss_bytes, _vmhwm_bytes, mib, worker_env
+import figures
+from load import _maxrss_bytes, _vmhwm_bytes, mib
 
 FIGURES = ("frames", "shared_arena", "load_from_memory", "weights_placement", "run_op")
 ARENA_MODELS = ("squeezenet", "shufflenet", "inception_v1")
@@ -457,19 +456,8 @@ def worker_run_op(folder: str) -> dict:
 # ---------------------------------------------------------------------------------------- the parent
 
 def spawn(args: list[str], env: dict) -> dict:
-    """Run `--worker args...` in a fresh process; its JSON answer."""
-    proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--worker", *args], env=env,
-                          capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise SystemExit(f"worker {args[0]} failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
-def cpu_name() -> str:
-    """The host CPU as /proc/cpuinfo names it."""
-    with open("/proc/cpuinfo") as f:
-        names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
-    return names[0] if names else platform.processor() or "unknown CPU"
+    """Run one of this script's workers in a fresh process; its JSON answer."""
+    return figures.spawn(__file__, args, env)
 
 
 def thp_mode() -> str:
@@ -589,55 +577,19 @@ WORKERS = {
     "run_op": lambda a: worker_run_op(a.dir),
 }
 MEASURES = {
-    "frames": lambda d, env: spawn(["frames", "--dir", d], env),
-    "shared_arena": measure_shared_arena,
-    "load_from_memory": lambda d, env: spawn(["load_from_memory", "--dir", d], env),
-    "weights_placement": measure_weights_placement,
-    "run_op": lambda d, env: spawn(["run_op", "--dir", d], env),
+    "frames": lambda d, env, models: spawn(["frames", "--dir", d], env),
+    "shared_arena": lambda d, env, models: measure_shared_arena(d, env),
+    "load_from_memory": lambda d, env, models: spawn(["load_from_memory", "--dir", d], env),
+    "weights_placement": lambda d, env, models: measure_weights_placement(d, env),
+    "run_op": lambda d, env, models: spawn(["run_op", "--dir", d], env),
 }
 REPORTS = {"frames": report_frames, "shared_arena": report_shared_arena, "load_from_memory": report_load,
            "weights_placement": report_weights_placement, "run_op": report_run_op}
 
 
-def parse(argv) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--only", choices=FIGURES, help="measure this figure only (default: all)")
-    ap.add_argument("--json", metavar="FILE", help="write every figure here")
-    for hidden in ("--worker", "--dir", "--models", "--variant", "--model", "--shape"):
-        ap.add_argument(hidden, help=argparse.SUPPRESS)
-    ap.add_argument("--fd", type=int, help=argparse.SUPPRESS)
-    return ap.parse_args(argv)
-
-
 def main(argv=None) -> int:
-    args = parse(argv)
-    if args.worker:
-        print(json.dumps(WORKERS[args.worker](args)))
-        return 0
-    figures = [args.only] if args.only else list(FIGURES)
-    needed = sorted({m for f in figures for m in MODELS[f]})
-    print(f"omrt caller-owned memory: {cpu_name()}, {os.cpu_count()} CPUs, load average (1 min) "
-          f"{os.getloadavg()[0]:.2f}; workers on 1 thread (OPENBLAS_NUM_THREADS=1)", flush=True)
-    doc: dict = {"cpu": cpu_name(), "cpus": os.cpu_count(), "loadavg_before": os.getloadavg(), "figures": {}}
-    failures: list[str] = []
-    with tempfile.TemporaryDirectory() as folder:
-        env = worker_env(1, os.path.join(folder, "pycache"))
-        if needed:
-            doc.update(spawn(["compile", "--dir", folder, "--models", ",".join(needed)], env))
-            print(f"{', '.join(f'{k} {v}' for k, v in doc['versions'].items())}; compiled {', '.join(needed)} "
-                  f"({sum(m['compile_s'] for m in doc['models'].values()):.1f} s)", flush=True)
-        for figure in figures:
-            t = time.perf_counter()
-            doc["figures"][figure] = MEASURES[figure](folder, env)
-            print(f"\n== {figure} ({time.perf_counter() - t:.0f} s)")
-            print("\n".join(REPORTS[figure](doc["figures"][figure], failures)), flush=True)
-    doc["loadavg_after"], doc["failures"] = os.getloadavg(), failures
-    print(f"\nload average (1 min) after: {doc['loadavg_after'][0]:.2f}; targets missed: {len(failures)}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(doc, f, indent=1)
-        print(f"wrote {args.json}")
-    return 1 if failures else 0
+    args = figures.parse(__doc__.splitlines()[0], FIGURES, ("--variant", "--model", "--shape"), argv)
+    return figures.run(__file__, "caller-owned memory", args, MODELS, MEASURES, REPORTS, WORKERS)
 
 
 if __name__ == "__main__":

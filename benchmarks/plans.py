@@ -9,9 +9,9 @@ signatures stored at compile time (`omrt compile --plan-for`) against planned at
 
 Each model is compiled twice from the same redrawn ONNX file, with and without `--plan-for` for
 its three signatures. A measurement is one fresh worker process that loads the `.om` and makes a
-session for each of the three signatures (what a server does before its first request): the
-time of `omrt.load` plus the three `Model.session(...)`/`prepared` calls, and whether each
-prepared program is the stored one. The two variants alternate process by process; medians are
+session's plan for each of the three signatures (what a server does before its first request):
+the time of `omrt.load` plus the three `Model.prepared(shapes)` calls, and whether each prepared
+program is the stored one. The two variants alternate process by process; medians are
 printed with the ratio stored/at-run-time. The parent imports neither numpy nor omrt.
 """
 
@@ -20,12 +20,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
+
+from figures import cpu_name, spawn
 
 MODELS = {
     "densenet121": ({0: "N"}, [(1, 3, 224, 224), (4, 3, 224, 224), (16, 3, 224, 224)]),
@@ -70,20 +70,14 @@ def worker_load(path: str, input_name: str, name: str) -> dict:
     signatures = [{input_name: s} for s in MODELS[name][1]]
     t0 = time.perf_counter()
     model = omrt.load(path)
-    sessions = [model.session() for _ in signatures]  # noqa: F841 (what a server would keep)
-    prepared = [model.prepared(s) for s in signatures]
+    prepared = [model.prepared(s) for s in signatures]  # what a session's first run of each does
     seconds = time.perf_counter() - t0
     stored = sum(any(p.program is s for s in model.stored_plans) for p in prepared)
     return {"seconds": seconds, "stored_plans_used": stored}
 
 
 def run_worker(args: list[str]) -> dict:
-    env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
-    proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--worker", json.dumps(args)],
-                          capture_output=True, text=True, env=env)
-    if proc.returncode != 0:
-        raise SystemExit(f"worker {args[0]} failed:\n{proc.stderr}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return spawn(__file__, args, dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1"))
 
 
 def measure(folder: str, name: str, input_name: str, reps: int) -> dict:
@@ -99,22 +93,14 @@ def measure(folder: str, name: str, input_name: str, reps: int) -> dict:
             "stored_plans_used": used, "reps": reps}
 
 
-def cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        return platform.processor() or "unknown CPU"
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=15, help="fresh processes per variant (default 15)")
     ap.add_argument("--json", metavar="FILE", help="also write the figures here")
-    ap.add_argument("--worker", help=argparse.SUPPRESS)
+    ap.add_argument("--worker", nargs="+", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.worker:
-        kind, *rest = json.loads(args.worker)
+        kind, *rest = args.worker
         print(json.dumps(worker_compile(*rest) if kind == "compile" else worker_load(*rest)))
         return 0
     print(f"CPU: {cpu_name()}; {args.reps} fresh processes per variant")
@@ -124,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         for name, (_, signatures) in MODELS.items():
             res = results[name] = measure(folder, name, inputs[name], args.reps)
             shapes = ", ".join("x".join(map(str, s)) for s in signatures)
-            print(f"{name} ({shapes}): load + 3 sessions {res['median_ms']['runtime']:.1f} ms planned at run "
+            print(f"{name} ({shapes}): load + 3 signatures prepared {res['median_ms']['runtime']:.1f} ms planned at run "
                   f"time, {res['median_ms']['stored']:.1f} ms with stored plans "
                   f"(x{res['ratio_stored_vs_runtime']:.2f}; stored plans used: "
                   f"{res['stored_plans_used']['stored']}/3 and {res['stored_plans_used']['runtime']}/3)")

@@ -45,21 +45,18 @@ directory removed at the end.
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
 import mmap
 import os
 import re
-import subprocess
 import sys
-import tempfile
 import time
 
-from load import _maxrss_bytes, _vmhwm_bytes, mib, worker_env
+import figures
+from load import _maxrss_bytes, _vmhwm_bytes, mib
 from memory import BLOCK as TIMED_BLOCK
 from memory import WARMUP as TIMED_WARMUP
-from memory import bound_session, cpu_name, mapped_ranges, om_path, thp_mode, timed, verdict
+from memory import bound_session, mapped_ranges, om_path, thp_mode, timed, verdict
 
 FIGURES = ("big_mlp", "transformer", "swap_cost", "soak")
 MODELS = {"big_mlp": ("mlp8", "mlp64"), "transformer": ("transformer",), "swap_cost": (), "soak": ("expert",)}
@@ -470,12 +467,8 @@ def worker_soak(folder: str) -> dict:
 # ---------------------------------------------------------------------------------------- the parent
 
 def spawn(args: list[str], env: dict) -> dict:
-    """Run `--worker args...` in a fresh process; its JSON answer."""
-    proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--worker", *args], env=env,
-                          capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise SystemExit(f"worker {args[0]} failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    """Run one of this script's workers in a fresh process; its JSON answer."""
+    return figures.spawn(__file__, args, env)
 
 
 def mb_s(nbytes: float, seconds: float) -> str:
@@ -633,47 +626,10 @@ REPORTS = {"big_mlp": report_big_mlp, "transformer": report_transformer, "swap_c
            "soak": report_soak}
 
 
-def parse(argv) -> argparse.Namespace:
-    """The command line (the hidden options are the workers')."""
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--only", choices=FIGURES, help="measure this figure only (default: all)")
-    ap.add_argument("--json", metavar="FILE", help="write every figure here")
-    for hidden in ("--worker", "--dir", "--models", "--model", "--budget", "--keep"):
-        ap.add_argument(hidden, help=argparse.SUPPRESS)
-    return ap.parse_args(argv)
-
-
 def main(argv=None) -> int:
     """Compile the models the figures need, measure each figure in its workers, report."""
-    args = parse(argv)
-    if args.worker:
-        print(json.dumps(WORKERS[args.worker](args)))
-        return 0
-    figures = [args.only] if args.only else list(FIGURES)
-    needed = [m for f in figures for m in MODELS[f]]
-    print(f"omrt weight streaming: {cpu_name()}, {os.cpu_count()} CPUs, load average (1 min) "
-          f"{os.getloadavg()[0]:.2f}; workers on 1 BLAS thread (OPENBLAS_NUM_THREADS=1)", flush=True)
-    doc: dict = {"cpu": cpu_name(), "cpus": os.cpu_count(), "loadavg_before": os.getloadavg(), "figures": {},
-                 "models": {}}
-    failures: list[str] = []
-    with tempfile.TemporaryDirectory() as folder:
-        env = worker_env(1, os.path.join(folder, "pycache"))
-        if needed:
-            doc.update(spawn(["compile", "--dir", folder, "--models", ",".join(needed)], env))
-            print(f"{', '.join(f'{k} {v}' for k, v in doc['versions'].items())}; compiled {', '.join(needed)} "
-                  f"({sum(m['compile_s'] for m in doc['models'].values()):.1f} s)", flush=True)
-        for figure in figures:
-            t = time.perf_counter()
-            doc["figures"][figure] = MEASURES[figure](folder, env, doc["models"])
-            print(f"\n== {figure} ({time.perf_counter() - t:.0f} s)")
-            print("\n".join(REPORTS[figure](doc["figures"][figure], failures)), flush=True)
-    doc["loadavg_after"], doc["failures"] = os.getloadavg(), failures
-    print(f"\nload average (1 min) after: {doc['loadavg_after'][0]:.2f}; targets missed: {len(failures)}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(doc, f, indent=1)
-        print(f"wrote {args.json}")
-    return 1 if failures else 0
+    args = figures.parse(__doc__.splitlines()[0], FIGURES, ("--model", "--budget", "--keep"), argv)
+    return figures.run(__file__, "weight streaming", args, MODELS, MEASURES, REPORTS, WORKERS)
 
 
 if __name__ == "__main__":

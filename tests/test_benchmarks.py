@@ -40,3 +40,14 @@ def test_plans_benchmark_uses_the_stored_plans(tmp_path):
     for name, res in json.loads(out.read_text())["results"].items():
         assert res["stored_plans_used"] == {"runtime": 0, "stored": 3}, name
         assert res["median_ms"]["stored"] > 0 and res["median_ms"]["runtime"] > 0
+
+
+@pytest.mark.parametrize("script, figure", [("memory.py", "run_op"), ("streaming.py", "swap_cost")])
+def test_figure_benchmarks_measure_one_figure(tmp_path, script, figure):
+    out = tmp_path / "figure.json"
+    proc = subprocess.run([sys.executable, os.path.join(BENCH, script), "--only", figure, "--json", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    doc = json.loads(out.read_text())
+    assert list(doc["figures"]) == [figure] and doc["failures"] == [] and doc["cpu"]
+    assert f"== {figure}" in proc.stdout

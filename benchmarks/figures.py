@@ -1,0 +1,86 @@
+"""What the figure-by-figure benchmarks (memory.py, streaming.py, plans.py) share: workers in
+fresh processes that answer in JSON, the host's description, and the driver that compiles the
+models, measures each figure and reports it against its targets."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Callable
+
+from load import worker_env
+
+Measure = Callable[[str, dict, dict], dict]
+"""(folder of the compiled models, worker environment, the compile worker's model records) -> figure."""
+Report = Callable[[dict, list], list]
+"""(figure, failures to append to) -> lines to print."""
+
+
+def spawn(script: str, args: list[str], env: dict | None = None) -> dict:
+    """Run `script --worker args...` in a fresh process; its JSON answer (the last line it prints)."""
+    proc = subprocess.run([sys.executable, os.path.abspath(script), "--worker", *args], env=env,
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"worker {args[0]} failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def cpu_name() -> str:
+    """The host CPU as /proc/cpuinfo names it."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
+    except OSError:
+        names = []
+    return names[0] if names else platform.processor() or "unknown CPU"
+
+
+def parse(description: str, figures: tuple[str, ...], hidden: tuple[str, ...], argv) -> argparse.Namespace:
+    """`--only FIGURE` and `--json FILE`; `hidden` are the workers' own options (and `--fd`)."""
+    ap = argparse.ArgumentParser(description=description)
+    ap.add_argument("--only", choices=figures, help="measure this figure only (default: all)")
+    ap.add_argument("--json", metavar="FILE", help="write every figure here")
+    for option in ("--worker", "--dir", "--models", *hidden):
+        ap.add_argument(option, help=argparse.SUPPRESS)
+    ap.add_argument("--fd", type=int, help=argparse.SUPPRESS)
+    return ap.parse_args(argv)
+
+
+def run(script: str, title: str, args: argparse.Namespace, models: dict[str, tuple[str, ...]],
+        measures: dict[str, Measure], reports: dict[str, Report], workers: dict) -> int:
+    """A worker's answer when `--worker` is given; else compile the models the chosen figures need
+    (worker "compile"), measure and report each figure, and write the JSON; 1 if a target failed."""
+    if args.worker:
+        print(json.dumps(workers[args.worker](args)))
+        return 0
+    figures = [args.only] if args.only else list(measures)
+    needed = sorted({m for f in figures for m in models[f]})
+    print(f"omrt {title}: {cpu_name()}, {os.cpu_count()} CPUs, load average (1 min) "
+          f"{os.getloadavg()[0]:.2f}; workers on 1 BLAS thread (OPENBLAS_NUM_THREADS=1)", flush=True)
+    doc: dict = {"cpu": cpu_name(), "cpus": os.cpu_count(), "loadavg_before": os.getloadavg(), "figures": {},
+                 "models": {}}
+    failures: list[str] = []
+    with tempfile.TemporaryDirectory() as folder:
+        env = worker_env(1, os.path.join(folder, "pycache"))
+        if needed:
+            doc.update(spawn(script, ["compile", "--dir", folder, "--models", ",".join(needed)], env))
+            print(f"{', '.join(f'{k} {v}' for k, v in doc['versions'].items())}; compiled {', '.join(needed)} "
+                  f"({sum(m['compile_s'] for m in doc['models'].values()):.1f} s)", flush=True)
+        for figure in figures:
+            t = time.perf_counter()
+            doc["figures"][figure] = measures[figure](folder, env, doc["models"])
+            print(f"\n== {figure} ({time.perf_counter() - t:.0f} s)")
+            print("\n".join(reports[figure](doc["figures"][figure], failures)), flush=True)
+    doc["loadavg_after"], doc["failures"] = os.getloadavg(), failures
+    print(f"\nload average (1 min) after: {doc['loadavg_after'][0]:.2f}; targets missed: {len(failures)}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(doc, f, indent=1)
+        print(f"wrote {args.json}")
+    return 1 if failures else 0
