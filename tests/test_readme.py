@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import linecache
 import os
 import re
 import subprocess
@@ -13,10 +14,14 @@ README = open(os.path.join(ROOT, "README.md")).read()
 
 
 def _run_python_blocks(text: str, name: str) -> None:
-    """Run every ```python block of a document, in order, in one namespace."""
+    """Run every ```python block of a document, in order, in one namespace. Each block's source is
+    known to `linecache` under a name of its own, as a script's is: functions a block defines can
+    be packed as custom operators (their source is read with `inspect.getsource`)."""
     namespace: dict = {}
-    for code in re.findall(r"```python\n(.*?)```", text, re.S):
-        exec(compile(code, name, "exec"), namespace)
+    for i, code in enumerate(re.findall(r"```python\n(.*?)```", text, re.S)):
+        filename = f"<{name}, block {i + 1}>"
+        linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
+        exec(compile(code, filename, "exec"), namespace)
 
 
 def test_python_examples_run(tmp_path, monkeypatch):
