@@ -8,6 +8,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 README = open(os.path.join(ROOT, "README.md")).read()
@@ -33,6 +35,17 @@ def test_python_examples_run(tmp_path, monkeypatch):
 def test_memory_guide_examples_run(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     _run_python_blocks(open(os.path.join(ROOT, "docs", "memory.md")).read(), "docs/memory.md")
+
+
+def test_custom_ops_guide_examples_run(tmp_path, monkeypatch):
+    from omrt.native.build import compiler
+
+    if compiler() is None:
+        pytest.skip("the guide builds C kernels; no C compiler on this host")
+    monkeypatch.chdir(tmp_path)
+    _run_python_blocks(open(os.path.join(ROOT, "docs", "custom_ops.md")).read(), "docs/custom_ops.md")
+    assert {"mish.om", "swiglu.om", "gelu_mish.om", "prebuilt.om", "half.om"} <= set(os.listdir(tmp_path))
+    assert "wrong.om" not in os.listdir(tmp_path)
 
 
 def _omrt(*args: str, cwd) -> subprocess.CompletedProcess:
