@@ -530,6 +530,7 @@ def _rewrite(path: str, parts: dict, kernels=None) -> None:
 @pytest.mark.parametrize("kw, message", [
     ({"domain": "", "python": mish}, r"give it a domain of its own"),
     ({"domain": "omrt", "python": mish}, r"give it a domain of its own"),
+    ({"domain": "ai.onnx.ml", "python": mish}, r"give it a domain of its own"),
     ({"python": mish, "c_source": "int x;"}, r"give exactly one kernel, python=, c_source= or shared_library= "
                                               r"\(got python, c_source\)"),
     ({"c_source": "int x;"}, r"name the kernel's function with symbol="),

@@ -21,9 +21,9 @@ from typing import Any, Callable, Mapping, Sequence
 from .errors import CompileError
 from .kernels.custom import OutputRule
 
-RESERVED_DOMAINS = ("", "ai.onnx", "omrt")
-"""Domains a custom operator may not use: ONNX's (the compiler's rewrites rely on their meaning)
-and omrt's own."""
+RESERVED_DOMAINS = ("", "ai.onnx", "ai.onnx.ml", "omrt")
+"""Domains a custom operator may not use: ONNX's (the compiler's rewrites and type checks rely on
+their meaning) and omrt's own."""
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]*")
 
