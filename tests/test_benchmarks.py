@@ -51,3 +51,17 @@ def test_figure_benchmarks_measure_one_figure(tmp_path, script, figure):
     doc = json.loads(out.read_text())
     assert list(doc["figures"]) == [figure] and doc["failures"] == [] and doc["cpu"]
     assert f"== {figure}" in proc.stdout
+
+
+def test_custom_ops_benchmark_matches_and_times(tmp_path):
+    from omrt.native.build import compiler
+
+    if compiler() is None:
+        pytest.skip("the benchmark builds a C operator; no C compiler on this host")
+    out = tmp_path / "custom.json"
+    proc = subprocess.run([sys.executable, os.path.join(BENCH, "custom_ops.py"), "--skip-venv", "--runs", "2",
+                           "--warmup", "1", "--json", str(out)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lat = json.loads(out.read_text())["latency"]
+    assert set(lat["median_ms"]) == {"omrt_c", "omrt_py", "ort"} and lat["ratio_vs_ort"]["ort"] == 1
+    assert max(lat["error"].values()) < 1e-5 and lat["fast_gelu_ms"]["omrt_c"] > 0

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import linecache
 import os
 import re
 import subprocess
 import sys
+
+import pytest
 
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -13,10 +16,14 @@ README = open(os.path.join(ROOT, "README.md")).read()
 
 
 def _run_python_blocks(text: str, name: str) -> None:
-    """Run every ```python block of a document, in order, in one namespace."""
+    """Run every ```python block of a document, in order, in one namespace. Each block's source is
+    known to `linecache` under a name of its own, as a script's is: functions a block defines can
+    be packed as custom operators (their source is read with `inspect.getsource`)."""
     namespace: dict = {}
-    for code in re.findall(r"```python\n(.*?)```", text, re.S):
-        exec(compile(code, name, "exec"), namespace)
+    for i, code in enumerate(re.findall(r"```python\n(.*?)```", text, re.S)):
+        filename = f"<{name}, block {i + 1}>"
+        linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
+        exec(compile(code, filename, "exec"), namespace)
 
 
 def test_python_examples_run(tmp_path, monkeypatch):
@@ -28,6 +35,17 @@ def test_python_examples_run(tmp_path, monkeypatch):
 def test_memory_guide_examples_run(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     _run_python_blocks(open(os.path.join(ROOT, "docs", "memory.md")).read(), "docs/memory.md")
+
+
+def test_custom_ops_guide_examples_run(tmp_path, monkeypatch):
+    from omrt.native.build import compiler
+
+    if compiler() is None:
+        pytest.skip("the guide builds C kernels; no C compiler on this host")
+    monkeypatch.chdir(tmp_path)
+    _run_python_blocks(open(os.path.join(ROOT, "docs", "custom_ops.md")).read(), "docs/custom_ops.md")
+    assert {"mish.om", "swiglu.om", "gelu_mish.om", "prebuilt.om", "half.om"} <= set(os.listdir(tmp_path))
+    assert "wrong.om" not in os.listdir(tmp_path)
 
 
 def _omrt(*args: str, cwd) -> subprocess.CompletedProcess:

@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from .errors import (AllocationError, BindError, CompileError, FormatError, InputError, KernelError,
                      OmrtError, ShapeError, UnsupportedOpError)
+from .custom import CustomOp
+from .kernels.custom import OutputRule
 from .kernels.parallel import get_num_threads, set_num_threads
 from .memory import Memory
 from .runtime import IOPool, IOSet, IOSpec, Model, Session, Stats, WeightSlots, arena_size, load, run_op
@@ -22,16 +24,20 @@ if TYPE_CHECKING:
 
 def compile(model: Any, output: str | os.PathLike, shapes: Mapping[str, Sequence[int]] | None = None,
             progress: Any = None, native: bool = True,
-            shapes_for: Sequence[Mapping[str, Sequence[int]]] = ()) -> "CompileResult":
+            shapes_for: Sequence[Mapping[str, Sequence[int]]] = (),
+            custom_ops: Sequence[CustomOp] = ()) -> "CompileResult":
     """Compile an ONNX model (path, bytes or ModelProto) into the `.om` file `output`; `native`
     packs the C kernels its ops can use (see `omrt.load(..., trust_kernels=True)`); `shapes_for`
-    lists input signatures of a symbolic model to plan now rather than at run time."""
+    lists input signatures of a symbolic model to plan now rather than at run time; `custom_ops`
+    defines operators omrt lacks (`omrt.CustomOp`), and those the model uses travel in the file."""
     from .compiler import compile_model
 
-    return compile_model(model, output, shapes=shapes, progress=progress, native=native, shapes_for=shapes_for)
+    return compile_model(model, output, shapes=shapes, progress=progress, native=native, shapes_for=shapes_for,
+                         custom_ops=custom_ops)
 
 
-__all__ = ["AllocationError", "BindError", "CompileError", "FormatError", "IOSpec", "InputError", "KernelError",
-           "IOPool", "IOSet", "Memory", "Model", "OmrtError", "Session", "ShapeError", "Stats",
+__all__ = ["AllocationError", "BindError", "CompileError", "CustomOp", "FormatError", "IOSpec", "InputError",
+           "KernelError", "IOPool", "IOSet", "Memory", "Model", "OmrtError", "OutputRule", "Session", "ShapeError",
+           "Stats",
            "UnsupportedOpError", "WeightSlots", "arena_size", "compile", "get_num_threads", "load", "run_op",
            "set_num_threads"]

@@ -82,8 +82,11 @@ def cmd_compile(args: argparse.Namespace) -> int:
         if not args.quiet:
             print(f"  {msg}", file=sys.stderr)
 
+    from .custom import ops_from_file
+
+    ops = [op for path in args.custom_op or [] for op in ops_from_file(path)]
     res = omrt.compile(args.model, args.output, shapes=dict(args.shape or []), progress=progress,
-                       native=not args.no_native, shapes_for=args.plan_for or [])
+                       native=not args.no_native, shapes_for=args.plan_for or [], custom_ops=ops)
     from .report import mib, plan_figures
 
     print(f"{args.output}: {mib(res.file_size)} ({mib(res.weights_bytes)} weights), "
@@ -197,6 +200,9 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--plan-for", action="append", type=_signature_arg, metavar="NAME=D1xD2[,NAME=...]",
                    help="plan memory now for this input signature of a model with symbolic shapes "
                         "(repeatable); loading it then plans nothing for that signature")
+    c.add_argument("--custom-op", action="append", metavar="FILE.py",
+                   help="a Python file whose list OPS defines custom operators (omrt.CustomOp); those the model "
+                        "uses are packed into the file (repeatable)")
     c.add_argument("-q", "--quiet", action="store_true", help="no progress messages")
     c.add_argument("--no-native", action="store_true",
                    help="do not build and pack native kernels (the model then runs on numpy kernels only)")

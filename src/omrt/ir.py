@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 
@@ -132,6 +132,11 @@ class Graph:
     constants: dict[str, np.ndarray]
     opsets: dict[str, int]
     name: str = "main"
+    custom: dict[tuple[str, str], Any] = field(default_factory=dict)
+    """The model's own operators, (domain, op_type) -> kernel class: the custom operators packed
+    in its file (or given to the compiler), looked up before omrt's library
+    (`omrt.kernels.base.kernel_of`). One dict shared by the graph, its sub-graphs and their copies,
+    so every node of one model resolves the same way and no model sees another's."""
 
     def opset(self, domain: str) -> int:
         """The opset the model imports for `domain` (omrt-internal ops use 1)."""
@@ -169,3 +174,11 @@ class Graph:
 def subgraphs(node: Node) -> dict[str, Graph]:
     """A node's graph attributes by name."""
     return {key: v for key, v in node.attrs.items() if isinstance(v, Graph)}
+
+
+def all_graphs(graph: Graph) -> Iterator[Graph]:
+    """`graph` and every sub-graph nested in its nodes, outermost first."""
+    yield graph
+    for node in graph.nodes:
+        for sub in subgraphs(node).values():
+            yield from all_graphs(sub)

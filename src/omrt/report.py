@@ -39,8 +39,11 @@ def describe(model: Model, plan: bool = False) -> str:
                  ", ".join(f"{op} x{c}" for op, c in ops.most_common()))
     lines.append(f"weights: {len(model.graph.constants)} tensors")
     lines.append(f"packed kernels: {len(model.kernels) or 'none'}")
-    lines += [f"  {k.name} ({k.vendor}, {', '.join(k.units)}; {k.target.get('compiler', '?')}): {k.status}"
-              for k in model.kernels]
+    lines += [f"  {k.name} ({k.vendor}, {', '.join(k.units) or f'kind {k.kind}'}; {k.target.get('compiler', '?')}): "
+              f"{k.status}" for k in model.kernels]
+    if len(model.custom_ops):
+        lines.append("custom operators:")
+        lines += [f"  {op}" for op in model.custom_ops]
     lines.append("environment: " + ", ".join(f"{k} {v}" for k, v in model.env.items()))
     prep = model.default
     if prep is None:

@@ -18,10 +18,12 @@ from ..format import Part, write
 from ..format.kernelstore import Packed, kinds_flag, pack
 from ..format.modeldef import encode, encode_program, weight_layout, weights
 from ..ir import Graph
-from ..kernels import lookup
+from ..kernels import kernel_of
 from ..native.library import kernel_abi
 from ..native import build
 from ..plan import Program, lower, propagate, specialize
+from . import custom
+from ..custom import CustomOp
 from .importer import import_model, load_model
 from .passes import optimize, use_winograd
 from .typecheck import check_types
@@ -65,7 +67,7 @@ def native_units(graph: Graph) -> list[str]:
     """The C units the kernels of `graph`'s nodes can use, sorted."""
     units: set[str] = set()
     for node in graph.nodes:
-        units.update(lookup(node.op_type, graph.opset(node.domain), node.domain, node.label).native_units)
+        units.update(kernel_of(node, graph).native_units)
     return sorted(units)
 
 
@@ -97,20 +99,23 @@ def _plan_for(graph: Graph, signature: Mapping[str, Sequence[int]], say: Callabl
 
 def compile_model(model: Any, output: str | os.PathLike, shapes: Mapping[str, Sequence[int]] | None = None,
                   progress: Callable[[str], None] | None = None, native: bool = True,
-                  shapes_for: Sequence[Mapping[str, Sequence[int]]] = ()) -> CompileResult:
+                  shapes_for: Sequence[Mapping[str, Sequence[int]]] = (),
+                  custom_ops: Sequence[CustomOp] = ()) -> CompileResult:
     """Compile `model` into `output`; on any failure nothing is written.
 
     `native` packs the C kernels the model's ops can use (built with the host's C compiler; see
     `omrt.native`); without them, or without a compiler, the model runs on numpy kernels.
     `shapes_for` lists input signatures of a model with symbolic dims to plan now, into the
-    PLANS partition: loading the model then plans nothing at run time for them.
+    PLANS partition: loading the model then plans nothing at run time for them. `custom_ops`
+    defines operators omrt lacks (`omrt.CustomOp`); those the model uses are packed into the file.
     """
     t0 = time.perf_counter()
     say = progress or (lambda msg: None)
+    ops = custom.by_name(custom_ops)
     say("reading the ONNX model")
     proto = load_model(model)
     say("importing")
-    graph = import_model(proto, shapes)
+    graph = import_model(proto, shapes, custom.compile_time_kernels(ops))
     say("inferring shapes and folding constants")
     propagate(graph, fold=True)
     check_types(graph)
@@ -122,7 +127,8 @@ def compile_model(model: Any, output: str | os.PathLike, shapes: Mapping[str, Se
         say("planning memory")
         program = lower(graph)
     stored = [_plan_for(graph, signature, say) for signature in shapes_for]
-    records = [library] if library is not None else []
+    custom_records, custom_part = custom.pack(graph, ops, say)
+    records = ([library] if library is not None else []) + custom_records
     constants = weights(graph)
     layout = weight_layout(constants)
     weights_bytes = sum(n for _, n in layout.values())
@@ -138,5 +144,6 @@ def compile_model(model: Any, output: str | os.PathLike, shapes: Mapping[str, Se
         (Part.KERNELS, lambda sink: sink(pack(records))),
         (Part.PLANS, lambda sink: sink(plans)),
         (Part.ENV, lambda sink: sink(env)),
+        *([(Part.CUSTOM_OPS, lambda sink: sink(custom_part))] if custom_part is not None else []),
     ], flags=kinds_flag(records), progress=say)
     return CompileResult(os.fspath(output), size, weights_bytes, program, graph, time.perf_counter() - t0, stored)

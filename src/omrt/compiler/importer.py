@@ -11,7 +11,7 @@ from onnx import helper, numpy_helper
 
 from ..errors import CompileError, UnsupportedOpError
 from ..ir import CAPTURES, OPTIONAL, SEQUENCE, TENSOR, Graph, Node, Shape, TensorInfo, subgraphs
-from ..kernels import lookup
+from ..kernels import kernel_of
 
 MIN_OPSET = 7
 
@@ -146,8 +146,9 @@ def _type_info(t: onnx.TypeProto, name: str, override: Sequence[int] | None,
 class _Importer:
     """Turns a GraphProto and its sub-graphs into IR graphs, collecting ops that have no kernel."""
 
-    def __init__(self, opsets: dict[str, int]) -> None:
+    def __init__(self, opsets: dict[str, int], custom: dict[tuple[str, str], Any]) -> None:
         self.opsets = opsets
+        self.custom = custom
         self.missing: dict[tuple[str, str], list[str]] = {}
 
     def graph(self, g: onnx.GraphProto, shapes: dict[str, Sequence[int]] | None = None,
@@ -183,10 +184,6 @@ class _Importer:
             if free:
                 node.inputs += list(free)
                 node.attrs[CAPTURES] = list(free)
-            try:
-                lookup(node.op_type, self.opsets.get(domain, 1), domain, node.label)
-            except UnsupportedOpError:
-                self.missing.setdefault((domain, node.op_type), []).append(node.label)
             nodes.append(node)
         outputs = [o.name for o in g.output]
         for vi in g.output:
@@ -195,14 +192,22 @@ class _Importer:
                     infos[vi.name] = _type_info(vi.type, vi.name, None)
                 except CompileError:
                     pass  # only a fallback for outputs whose rank inference cannot tell
-        return Graph(nodes, inputs, outputs, infos, constants, self.opsets, g.name or "main")
+        graph = Graph(nodes, inputs, outputs, infos, constants, self.opsets, g.name or "main", self.custom)
+        for node in nodes:
+            try:
+                kernel_of(node, graph)
+            except UnsupportedOpError:
+                self.missing.setdefault((node.domain, node.op_type), []).append(node.label)
+        return graph
 
 
-def import_model(proto: onnx.ModelProto, shapes: Mapping[str, Sequence[int]] | None = None) -> Graph:
-    """Translate a ModelProto into omrt's IR; every op must have a kernel (all missing ones are named)."""
+def import_model(proto: onnx.ModelProto, shapes: Mapping[str, Sequence[int]] | None = None,
+                 custom: dict[tuple[str, str], Any] | None = None) -> Graph:
+    """Translate a ModelProto into omrt's IR; every op must have a kernel (all missing ones are
+    named): omrt's, or one of the model's `custom` operators ((domain, op_type) -> kernel class)."""
     shapes = dict(shapes or {})
     opsets = {("" if o.domain == "ai.onnx" else o.domain): o.version for o in proto.opset_import}
-    importer = _Importer(opsets)
+    importer = _Importer(opsets, {} if custom is None else custom)
     graph = importer.graph(proto.graph, shapes, top=True)
     if shapes:
         raise CompileError(f"--shape names {sorted(shapes)}, which are not graph inputs; the inputs are "
@@ -212,5 +217,6 @@ def import_model(proto: onnx.ModelProto, shapes: Mapping[str, Sequence[int]] | N
                         f"(node{'s' if len(ns) > 1 else ''} {', '.join(repr(n) for n in ns[:5])}"
                         f"{', ...' if len(ns) > 5 else ''})" for (d, op), ns in importer.missing.items())
         raise UnsupportedOpError(f"no kernel in omrt for {ops}; see docs/conformance.md for the "
-                                 f"supported operators and versions")
+                                 f"supported operators and versions, or define it as a custom operator "
+                                 f"(omrt.CustomOp, docs/custom_ops.md)")
     return graph

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..ir import Graph, Node
-from ..kernels import lookup, winograd
+from ..kernels import kernel_of, lookup, winograd
 from ..kernels.base import FUSED_ACTIVATIONS, UnsupportedOpError
 from ..kernels.linalg import PERMS
 
@@ -255,7 +255,7 @@ def fuse_activations(graph: Graph) -> Graph:
         prod = graph.nodes[i]
         if i in drop or "_act" in prod.attrs or _sole_consumer(graph, act.inputs[0], uses) != j:
             continue
-        cls = lookup(prod.op_type, graph.opset(prod.domain), prod.domain, prod.label)
+        cls = kernel_of(prod, graph)
         if attrs["_act"] not in cls.fuses or graph.infos[act.inputs[0]].dtype.kind != "f":
             continue
         prod.attrs = {**prod.attrs, **attrs}

@@ -1,23 +1,28 @@
 """The KERNELS partition: a count, then records of packed kernels with their kind, name, vendor,
 target and bytes.
 
-A record is a native shared library (kind 1) that `omrt compile` built from omrt's C units.
-Whether and how a record runs on this host is `omrt.native.loader`'s business.
+A record is a native shared library (kind 1) that `omrt compile` built from omrt's C units, the
+Python source of a custom operator's kernel (kind 2), or a custom operators' shared library
+(kind 4, see the CUSTOM_OPS partition, `omrt.format.customops`). Whether and how a record runs
+on this host is `omrt.native.loader`'s and `omrt.runtime.custom`'s business.
 """
 
 from __future__ import annotations
 
 import json
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..errors import FormatError
 
 RECORD = struct.Struct("<IHHHHIQ")
 RECORD_MAGIC = 0x4B4D524F
 NATIVE = 1
-"""Record kind of a native shared library (2 Python source and 3 generated fused kernels are
-reserved, not written yet)."""
+"""Record kind of omrt's own native shared library (3, generated fused kernels, is reserved)."""
+PYTHON_OP = 2
+"""Record kind of a custom operator's kernel written in Python: its source text, UTF-8."""
+NATIVE_OP = 4
+"""Record kind of a shared library of custom operators' C kernels (`omrt_custom.h`)."""
 
 
 @dataclass
@@ -28,7 +33,7 @@ class Packed:
     name: str
     vendor: str
     target: dict
-    data: bytes
+    data: bytes = field(repr=False)
     status: str = "not loaded"
 
     @property

@@ -15,7 +15,7 @@ from typing import Any, Callable, ClassVar, Mapping, Protocol, Sequence
 import numpy as np
 
 from ..errors import ShapeError, UnsupportedOpError
-from ..ir import Dim, Graph, Shape, TensorInfo, dtype_from_name
+from ..ir import Dim, Graph, Node, Shape, TensorInfo, dtype_from_name
 from ..memory import align
 
 
@@ -145,7 +145,8 @@ def lookup(op_type: str, opset: int, domain: str = "", node: str = "") -> type[K
     if not entries:
         raise UnsupportedOpError(
             f"operator {qual}{where} at opset {opset} has no kernel in omrt; "
-            f"see docs/conformance.md for the supported operators, or pack a custom kernel")
+            f"see docs/conformance.md for the supported operators, or define it as a custom operator "
+            f"(omrt.CustomOp, docs/custom_ops.md)")
     best = None
     for e in entries:
         if e.since <= opset:
@@ -155,6 +156,17 @@ def lookup(op_type: str, opset: int, domain: str = "", node: str = "") -> type[K
             f"operator {qual}{where} is supported from opset {entries[0].since}, "
             f"the model uses opset {opset}; convert the model to a newer opset")
     return best.cls
+
+
+def kernel_of(node: Node, graph: Graph) -> type[Kernel]:
+    """The kernel class that runs `node` of `graph`: the model's own operator of that name when it
+    has one (`Graph.custom`: packed custom operators win over anything registered in the process),
+    else omrt's library at the model's opset. Every place that resolves a node's kernel asks here."""
+    domain = "" if node.domain == "ai.onnx" else node.domain
+    own = graph.custom.get((domain, node.op_type))
+    if own is not None:
+        return own
+    return lookup(node.op_type, graph.opset(domain), domain, node.label)
 
 
 def newest_opset(op_type: str, domain: str = "") -> int:

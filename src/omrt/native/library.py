@@ -25,13 +25,17 @@ over, and their BLAS entry (csrc/workers.c)."""
 
 SOURCES = os.path.join(os.path.dirname(__file__), "csrc")
 
+CUSTOM_HEADER = "omrt_custom.h"
+"""The header custom operators are written against (`omrt.native.custom`): versioned on its own
+(OMRT_CUSTOM_ABI), so it is no part of the built-in kernels' ABI."""
+
 
 @functools.lru_cache(maxsize=None)
 def kernel_abi() -> str:
     """The calling convention between the bindings and the C code: a digest of the C sources,
     so that a library built from any other C code (an older or newer omrt) is never called."""
     digest = hashlib.sha256()
-    for name in sorted(os.listdir(SOURCES)):
+    for name in sorted(set(os.listdir(SOURCES)) - {CUSTOM_HEADER}):
         with open(os.path.join(SOURCES, name), "rb") as f:
             digest.update(name.encode() + b"\0" + f.read())
     return digest.hexdigest()[:16]

@@ -52,9 +52,15 @@ def mismatch(record: Packed) -> str | None:
     """Why this host cannot run the record, or None when it can."""
     if record.kind != NATIVE:
         return f"kind {record.kind} is not one this omrt runs"
+    if record.target.get("abi") != kernel_abi():
+        return f"built for kernel ABI {record.target.get('abi')}, this omrt has {kernel_abi()}"
+    return host_mismatch(record)
+
+
+def host_mismatch(record: Packed) -> str | None:
+    """Why this host cannot load the record's shared library at all (OS, ELF class, byte order and
+    machine, C library, loading from memory), or None when it can."""
     host, want = host_target(), record.target
-    if want.get("abi") != kernel_abi():
-        return f"built for kernel ABI {want.get('abi')}, this omrt has {kernel_abi()}"
     if want.get("os") != host["os"]:
         return f"built for {want.get('os')}, this host runs {host['os']}"
     elf, here = elf_identity(record.data), _host_elf()
@@ -99,7 +105,7 @@ def _from_memory(data: bytes) -> ctypes.CDLL:
 def load(records: list[Packed], trusted: bool) -> Library | None:
     """The model's native library from its records (setting each one's status), or None."""
     library = None
-    for r in records:
+    for r in (r for r in records if r.kind == NATIVE):
         why = "not trusted: load with trust_kernels=True to run it" if not trusted else mismatch(r)
         if why is None and library is not None:
             why = "a second native library is not supported"

@@ -19,7 +19,7 @@ import numpy as np
 
 from ..errors import KernelError, OmrtError, ShapeError
 from ..ir import CAPTURES, OPTIONAL, SEQUENCE, Graph, Node, TensorInfo, subgraphs
-from ..kernels import OpContext, lookup
+from ..kernels import OpContext, kernel_of
 from ..kernels.base import Kernel, fresh_dim
 
 
@@ -68,14 +68,14 @@ class SubgraphRunner:
         infos.update((name, info) for name, info in zip(self.captures, captures) if info is not None)
         infos.update((name, g.infos[name] if info is None else info) for name, info in zip(g.inputs, inputs))
         copy = Graph(list(g.nodes), list(g.inputs), list(g.outputs), infos, dict(g.constants), g.opsets,
-                     g.name)
+                     g.name, g.custom)
         propagate(copy)
         self.inferred = copy
         return [copy.infos[o] for o in g.outputs]
 
     def _step(self, node: Node) -> _Step:
         g = self.graph
-        cls = lookup(node.op_type, g.opset(node.domain), node.domain, node.label)
+        cls = kernel_of(node, g)
         step = _Step(node, cls, context(node, g))
         names = [v for v in node.inputs + node.outputs if v]
         if step.cls.dynamic or not all(v in g.infos and g.infos[v].static for v in names):
@@ -234,7 +234,7 @@ def propagate(graph: Graph, fold: bool = True, fold_limit: int = 1 << 31) -> Gra
                 and ins[0].value is not None and ins[0].value.size == 1):
             queue.extendleft(reversed(_inline_branch(graph, node, bool(ins[0].value.reshape(-1)[0]), queue)))
             continue
-        cls = lookup(node.op_type, graph.opset(node.domain), node.domain, node.label)
+        cls = kernel_of(node, graph)
         ctx = context(node, graph)
         outs = _infer_node(node, cls, ctx, ins)
         inferred = {k: s.inferred for k, s in ctx.subgraphs.items() if s.inferred is not None}
@@ -308,5 +308,5 @@ def specialize(graph: Graph, shapes: Mapping[str, Sequence[int]]) -> Graph:
     infos.update((v, TensorInfo(graph.infos[v].dtype, tuple(int(d) for d in shapes[v])) if v in shapes
                   else graph.infos[v]) for v in graph.inputs)
     copy = Graph(list(graph.nodes), list(graph.inputs), list(graph.outputs), infos, dict(graph.constants),
-                 dict(graph.opsets), graph.name)
+                 dict(graph.opsets), graph.name, graph.custom)
     return propagate(copy, fold=True)

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 from ..errors import ShapeError
 from ..ir import Graph
-from ..kernels import lookup
+from ..kernels import kernel_of
 from ..kernels.base import Kernel
 from ..memory import align
 from .arena import Block, lower_bound, naive_size, place
@@ -108,7 +108,7 @@ def make_tasks(graph: Graph) -> Lowering:
     state = Lowering(graph, runtime={v for v in graph.inputs if not infos[v].is_tensor},
                      input_roots=set(graph.inputs))
     for idx, node in enumerate(graph.nodes):
-        cls = lookup(node.op_type, graph.opset(node.domain), node.domain, node.label)
+        cls = kernel_of(node, graph)
         live_outs = [o for o in node.outputs if o and o in needed]
         src = node.inputs[0] if node.inputs else ""
         # sizes known only at run time, and object (string) tensors, never live in the arena

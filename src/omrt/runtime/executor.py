@@ -26,7 +26,7 @@ import numpy as np
 
 from ..errors import BindError, KernelError, OmrtError
 from ..ir import Node
-from ..kernels import OpContext, lookup
+from ..kernels import OpContext, kernel_of
 from ..kernels.base import Kernel
 from ..plan import ARENA, INPUT, OUTPUT, WEIGHT, Task
 from ..plan.infer import context, execute, infer_outputs, info_of
@@ -156,7 +156,7 @@ class Executor:
         kernel = prep.kernels[t]
         if kernel is None:
             graph = prep.graph
-            cls = lookup(node.op_type, graph.opset(node.domain), node.domain, node.label)
+            cls = kernel_of(node, graph)
             return LateCall(node, task, cls, context(node, graph, prep.native), inputs, graph.infos)
         outputs = self._arguments(task.outputs)
         start = task.workspace_offset

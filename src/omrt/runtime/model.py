@@ -14,6 +14,7 @@ import numpy as np
 from ..errors import AllocationError, FormatError, InputError
 from ..format import OmFile, Part
 from ..format.container import Source
+from ..format.customops import decode as decode_custom_ops
 from ..format.kernelstore import Packed, unpack
 from ..format.modeldef import decode, decode_program
 from ..ir import Graph
@@ -22,6 +23,7 @@ from ..native.loader import load as load_kernels
 from ..plan import Program, lower, specialize
 from ..plan import verify as verify_program
 from ..version import __version__
+from .custom import CustomOps, load_custom_ops, use_custom_ops
 from .prepare import IOSpec, Prepared, prepare
 from .session import Session
 from .stream import WeightFile
@@ -80,7 +82,11 @@ class Model:
         self.kernels: list[Packed] = unpack(self._file.view(Part.KERNELS), self.path)
         """The packed kernels, each with its load status."""
         self.native = load_kernels(self.kernels, trust_kernels)
+        self.custom_ops = self._custom_ops(trust_kernels)
+        """The custom operators the file carries, with whether each can run (`CustomOps.debug`
+        checks their writes)."""
         self.graph, program, self.metadata = decode(self._file.view(Part.MODEL_DEF), partition, self.path)
+        use_custom_ops(self.graph, self.custom_ops)
         self.file_size = self._file.size
         self.weight_budget = weight_budget
         """Bytes of weights sessions keep resident or in slots (None: every weight stays mapped)."""
@@ -100,6 +106,12 @@ class Model:
         """The programs the file carries, planned at compile time: its static plan or the
         `shapes_for` signatures of a symbolic model; sessions for them plan nothing at load."""
         self.default = self.prepared(program.signature) if program is not None else None
+
+    def _custom_ops(self, trusted: bool) -> CustomOps:
+        """The model's own operators (none in files without a CUSTOM_OPS partition)."""
+        has = self._file.has(Part.CUSTOM_OPS)
+        entries = decode_custom_ops(self._file.view(Part.CUSTOM_OPS), self.path) if has else []
+        return load_custom_ops(entries, self.kernels, trusted, self.path)
 
     def _json(self, part: Part) -> dict:
         try:

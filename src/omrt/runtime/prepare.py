@@ -12,7 +12,7 @@ import numpy as np
 
 from ..errors import FormatError
 from ..ir import Graph, Shape, TensorInfo
-from ..kernels import lookup
+from ..kernels import kernel_of
 from ..kernels.base import Kernel
 from ..plan import DYNAMIC, Program, Task
 from ..plan.infer import context
@@ -68,7 +68,7 @@ def kernel_for(graph: Graph, program: Program, task: Task, native: Any = None,
     without their values: they may change under the kernel (streamed, or swapped by the caller),
     so it must not precompute from them, nor read their mapped pages."""
     node = graph.nodes[task.node]
-    cls = lookup(node.op_type, graph.opset(node.domain), node.domain, node.label)
+    cls = kernel_of(node, graph)
     ins = []
     for v in task.inputs:
         if not v:
