@@ -10,7 +10,7 @@ import os
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from .errors import (AllocationError, BindError, CompileError, FormatError, InputError, KernelError,
-                     OmrtError, ShapeError, UnsupportedOpError)
+                     OmrtError, ShapeError, SignatureError, UnsupportedOpError)
 from .kernels.parallel import get_num_threads, set_num_threads
 from .memory import Memory
 from .runtime import IOPool, IOSet, IOSpec, Model, Session, Stats, WeightSlots, arena_size, load, run_op
@@ -32,6 +32,6 @@ def compile(model: Any, output: str | os.PathLike, shapes: Mapping[str, Sequence
 
 
 __all__ = ["AllocationError", "BindError", "CompileError", "FormatError", "IOSpec", "InputError", "KernelError",
-           "IOPool", "IOSet", "Memory", "Model", "OmrtError", "Session", "ShapeError", "Stats",
+           "IOPool", "IOSet", "Memory", "Model", "OmrtError", "Session", "ShapeError", "SignatureError", "Stats",
            "UnsupportedOpError", "WeightSlots", "arena_size", "compile", "get_num_threads", "load", "run_op",
            "set_num_threads"]

@@ -25,7 +25,7 @@ from ..errors import FormatError
 from ..memory.memory import byte_view
 
 MAGIC = b"OMRT\x00\r\n\x1a"
-VERSION = (1, 2)
+VERSION = (1, 3)
 HEADER = struct.Struct("<8sHHIIQQ28x")
 ENTRY = struct.Struct("<IIQQ32s")
 PAGE = 4096
@@ -39,6 +39,7 @@ class Part(IntEnum):
     KERNELS = 3
     PLANS = 4
     ENV = 5
+    SIGNATURE = 7
 
 
 @dataclass(frozen=True)
@@ -56,14 +57,18 @@ Writer = Callable[[Callable[[bytes | memoryview], None]], None]
 """A partition's content, produced by calling the given write function with chunks."""
 
 
-def write(path: str | os.PathLike, parts: Iterable[tuple[Part, Writer]], flags: int = 0,
-          progress: Callable[[str], None] | None = None) -> int:
-    """Write partitions to `path` atomically; returns the file size. Nothing is left on failure."""
+def write(path: str | os.PathLike, parts: Iterable[tuple[Part | int, Writer]], flags: int = 0,
+          progress: Callable[[str], None] | None = None, mode: int | None = None) -> int:
+    """Write partitions to `path` atomically; returns the file size. Nothing is left on failure.
+    A partition's type may be a number this omrt has no name for (a rewrite keeps it); `mode`
+    sets the file's permission bits (by default those of a new temporary file: owner only)."""
     path = os.fspath(path)
     parts = list(parts)
     folder = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix=".omrt-", suffix=".tmp", dir=folder)
     try:
+        if mode is not None:
+            os.fchmod(fd, mode)
         with os.fdopen(fd, "wb") as f:
             table_at = HEADER.size
             first = _round(table_at + ENTRY.size * len(parts), PAGE)
@@ -71,7 +76,7 @@ def write(path: str | os.PathLike, parts: Iterable[tuple[Part, Writer]], flags: 
             entries = []
             for kind, produce in parts:
                 if progress:
-                    progress(f"writing {kind.name}")
+                    progress(f"writing {getattr(kind, 'name', kind)}")
                 start = _pad_to(f, PAGE)
                 h = hashlib.sha256()
 
