@@ -203,10 +203,21 @@ class OmFile:
         """The bytes of a partition (zero-copy), checked against its digest when `verify`."""
         e = self.entry(kind)
         mv = memoryview(self.map)[e.offset:e.offset + e.size]
-        if verify and hashlib.sha256(mv).digest() != e.digest:
+        if verify:
+            self._match(kind, mv)
+        return mv
+
+    def read(self, kind: Part) -> bytes:
+        """A copy of a partition's bytes, checked against its digest after copying: what the caller
+        uses is what was checked, even if the file is changed on disk while it is mapped."""
+        data = bytes(self.view(kind, verify=False))
+        self._match(kind, data)
+        return data
+
+    def _match(self, kind: Part, data: bytes | memoryview) -> None:
+        if hashlib.sha256(data).digest() != self.entry(kind).digest:
             raise FormatError(f"{self.path!r}: the {kind.name} partition does not match its digest; "
                               f"the file is corrupted: recompile or copy it again")
-        return mv
 
     def close(self) -> None:
         """Unmap the file (a buffer the model was read from is the caller's to release)."""

@@ -80,7 +80,7 @@ class Model:
             partition = self._place_weights(partition, weights)
         self.env = self._json(Part.ENV)
         check_environment(self.env, self.path)
-        self.kernels: list[Packed] = unpack(self._file.view(Part.KERNELS), self.path)
+        self.kernels: list[Packed] = unpack(memoryview(self._file.read(Part.KERNELS)), self.path)
         """The packed kernels, each with its load status."""
         self.trust = decide_trust(self._file, trust_kernels, trusted_keys, require_signature)
         """Whether the file's packed code may run, and why (`bool(model.trust)`, `str(model.trust)`):
