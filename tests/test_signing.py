@@ -120,33 +120,36 @@ def test_trusted_keys_are_raw_bytes_hex_base64_or_key_files(tmp_path):
                                                       serialization.PublicFormat.SubjectPublicKeyInfo))
     lines = tmp_path / "keys"
     lines.write_text(f"# build hosts\n\n{base64.b64encode(raw).decode()}   ci runner 3\n")
-    for given in (raw, bytearray(raw), raw.hex(), raw.hex().upper(), base64.b64encode(raw).decode(), str(pem), pem,
+    for value in (raw, bytearray(raw), raw.hex(), raw.hex().upper(), base64.b64encode(raw).decode(), str(pem), pem,
                   lines):
-        assert list(signing.trusted_keys([given])) == [hashlib.sha256(raw).hexdigest()], given
-    assert signing.trusted_keys([lines])[hashlib.sha256(raw).hexdigest()].source == f"key file {lines}: ci runner 3"
-    assert list(signing.trusted_keys(str(pem))) == list(signing.trusted_keys(raw)) == [hashlib.sha256(raw).hexdigest()]
+        assert [k.fingerprint for k in signing.given_keys([value])] == [hashlib.sha256(raw).hexdigest()], value
+    assert [k.source for k in signing.given_keys([lines])] == [f"key file {lines}: ci runner 3"]
+    assert signing.given_keys(str(pem)) == signing.given_keys([pem])  # one key, not in a list
 
 
-@pytest.mark.parametrize("given, error", [
+@pytest.mark.parametrize("value, error", [
     (b"\0" * 31, r"trusted_keys: a raw Ed25519 public key is 32 bytes, not 31"),
     (7, r"trusted_keys: int is not a key"),
     ("no/such/key.pub", r"cannot read the key file 'no/such/key.pub'"),
 ])
-def test_a_value_that_is_not_a_key_is_refused(given, error):
+def test_a_value_that_is_not_a_key_is_refused_even_for_an_unsigned_file(compiled, value, error):
     with pytest.raises(omrt.InputError, match=error):
-        signing.trusted_keys([given])
+        omrt.load(compiled, trusted_keys=[value])
 
 
-def test_a_bad_line_in_a_key_file_names_the_file_and_line(tmp_path):
+def test_a_bad_line_in_a_key_file_names_the_file_and_line(signed, tmp_path, monkeypatch):
     bad = tmp_path / "trusted_keys"
     bad.write_text("# mine\n" + "ab" * 32 + " ok\nssh-ed25519 AAAA\n")
-    with pytest.raises(omrt.InputError, match=rf"{bad}:3: 'ssh-ed25519' is not a public key: expected 64 hex "
-                                              r"digits or the base64 of 32 bytes"):
-        signing.trusted_keys([bad])
+    why = rf"{bad}:3: 'ssh-ed25519' is not a public key: expected 64 hex digits or the base64 of 32 bytes"
+    with pytest.raises(omrt.InputError, match=why):
+        signing.given_keys([bad])
+    monkeypatch.setenv("OMRT_TRUSTED_KEYS", str(bad))
+    with pytest.raises(omrt.InputError, match=why):
+        omrt.load(signed)  # the keys file is read for a signed file
     private = tmp_path / "private"
     signing.keygen(private)
     with pytest.raises(omrt.InputError, match=r"is a private key; trust its public key"):
-        signing.trusted_keys([private])
+        signing.given_keys([private])
 
 
 # --- signing ------------------------------------------------------------------------------------
@@ -175,7 +178,8 @@ def test_signing_covers_every_partition_but_the_signature_and_rewrites_in_place(
 
     signing.sign(path, keys["mallory"][0])  # signing again replaces the signature
     again = OmFile(path)
-    assert list(again.entries).count(Part.SIGNATURE) == 1
+    assert {t: e.digest for t, e in again.entries.items() if t != Part.SIGNATURE} == \
+        {t: e.digest for t, e in after.entries.items() if t != Part.SIGNATURE} and len(again.entries) == 7
     assert read_signature(again).fingerprint == keys["mallory"][1]
     alice, warned = _quiet_load(path, trusted_keys=[keys["alice"][0] + ".pub"])
     assert not alice.trust and f"signed by key {keys['mallory'][1][:16]}" in warned[0]
@@ -239,8 +243,8 @@ def test_a_file_signed_by_a_trusted_key_runs_its_native_code(signed, keys):
 
 def test_an_unknown_key_is_refused_by_fingerprint_and_the_numpy_kernels_run(signed, keys):
     who = keys["alice"][1][:16]
-    for given in (None, [keys["mallory"][0] + ".pub"]):
-        model, warned = _quiet_load(signed, trusted_keys=given)
+    for trusted in (None, [keys["mallory"][0] + ".pub"]):
+        model, warned = _quiet_load(signed, trusted_keys=trusted)
         assert not model.trust and model.native is None
         assert model.trust.reason.startswith(f"signed by key {who}, which is not a trusted key: pass its public key "
                                              f"in trusted_keys= or add it to the trusted keys file")

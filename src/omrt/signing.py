@@ -138,9 +138,9 @@ def keys_file() -> str | None:
     return os.path.join(config, "omrt", "trusted_keys")
 
 
-def trusted_keys(given: KeySource | Iterable[KeySource] | None = None) -> dict[str, Key]:
-    """The keys a load trusts, by fingerprint: those `given` (a list, or one key), then those of
-    the keys file (read when it exists). InputError names a value or line that is not a key."""
+def given_keys(given: KeySource | Iterable[KeySource] | None) -> list[Key]:
+    """The keys of `omrt.load(trusted_keys=...)` (a list, or one key); InputError names a value that
+    is not a key, or a key file's line that is not one."""
     if isinstance(given, (bytes, bytearray, str, os.PathLike)):
         given = [given]
     keys: list[Key] = []
@@ -157,6 +157,13 @@ def trusted_keys(given: KeySource | Iterable[KeySource] | None = None) -> dict[s
         else:
             raise InputError(f"trusted_keys: {type(value).__name__} is not a key: pass the raw 32 bytes, their hex "
                              f"or base64 text, or the path of a key file")
+    return keys
+
+
+def trusted_keys(given: Iterable[Key] = ()) -> dict[str, Key]:
+    """The keys a load trusts, by fingerprint: those `given` (`given_keys`), then those of the
+    keys file (read when it exists; InputError names a line that is not a key)."""
+    keys = list(given)
     path = keys_file()
     if path is not None and os.path.exists(path):
         keys += read_key_file(path, "trusted keys file")

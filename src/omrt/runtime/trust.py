@@ -49,7 +49,7 @@ def decide(file: OmFile, trust_kernels: bool, trusted_keys: Iterable[signing.Key
             raise InputError("trust_kernels=True trusts the file whoever signed it, and require_signature=True "
                              "trusts only a signature by a trusted key: pass one of the two")
         return Trust(True, "trust_kernels=True")
-    trust = by_signature(file, trusted_keys)
+    trust = by_signature(file, signing.given_keys(trusted_keys))
     if not trust.trusted and require_signature:
         raise SignatureError(f"{file.path}: {trust.reason}; require_signature=True refuses it")
     if not trust.trusted and file.has(Part.SIGNATURE):
@@ -58,9 +58,10 @@ def decide(file: OmFile, trust_kernels: bool, trusted_keys: Iterable[signing.Key
     return trust
 
 
-def by_signature(file: OmFile, trusted_keys: Iterable[signing.KeySource] | None) -> Trust:
-    """Whether the file is signed by a trusted key and the signature holds over it as it is. The
-    keys are read, and `cryptography` imported, only for a signed file."""
+def by_signature(file: OmFile, given: list[signing.Key]) -> Trust:
+    """Whether the file is signed by a trusted key (`given`, or the keys file's) and the signature
+    holds over it as it is. The keys file is read, and `cryptography` imported, only for a signed
+    file."""
     try:
         record = read(file)
     except FormatError as e:
@@ -71,7 +72,7 @@ def by_signature(file: OmFile, trusted_keys: Iterable[signing.KeySource] | None)
     if (record.algorithm, record.message) != (ALGORITHM, MESSAGE):
         return Trust(False, f"signed by {who} with {record.algorithm!r} over {record.message!r}, which this omrt "
                             f"does not check (it checks {ALGORITHM!r} over {MESSAGE!r})", record.fingerprint)
-    key = signing.trusted_keys(trusted_keys).get(record.fingerprint)
+    key = signing.trusted_keys(given).get(record.fingerprint)
     if key is None:
         where = signing.keys_file() or "(none: OMRT_TRUSTED_KEYS is empty)"
         return Trust(False, f"signed by {who}, which is not a trusted key: pass its public key in trusted_keys= "
