@@ -4,6 +4,8 @@ runtime that imports nothing but numpy and the standard library."""
 from __future__ import annotations
 
 import ast
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -102,3 +104,23 @@ def test_what_load_reaches_imports_only_numpy_and_the_standard_library():
             assert top == "numpy" or top in sys.stdlib_module_names, \
                 f"{module} imports {target} at module level; omrt.load must need only numpy"
     assert "omrt.runtime.session" in reached and "omrt.compiler" not in reached
+
+
+LOAD_AND_RUN = ("import os, sys\n"
+                "before = set(sys.modules)\n"
+                "import numpy as np, omrt\n"
+                "model = omrt.load(sys.argv[1])\n"
+                "model.session().run({'x': np.ones((4, 64), np.float32)})\n"
+                "new = {n.split('.')[0] for n in set(sys.modules) - before}\n"
+                "print(' '.join(sorted(new - set(sys.stdlib_module_names))))\n")
+
+
+def test_loading_and_running_an_unsigned_model_imports_only_numpy(mlp_om, tmp_path):
+    """In a real process, with no trusted keys configured: nothing but numpy and the standard
+    library is imported (no cryptography: signatures are not checked for an unsigned file)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("OMRT_TRUSTED_KEYS", "XDG_CONFIG_HOME")}
+    env["HOME"] = str(tmp_path)
+    env["PYTHONPATH"] = str(ROOT.parent) + os.pathsep + env.get("PYTHONPATH", "")
+    out = subprocess.run([sys.executable, "-c", LOAD_AND_RUN, mlp_om], capture_output=True, text=True, env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["numpy", "omrt"]

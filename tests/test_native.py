@@ -89,7 +89,8 @@ def test_untrusted_kernels_do_not_run_and_say_how_to_trust(cnn_om):
     x = RNG.standard_normal((1, 8, 12, 12)).astype(np.float32)
     plain = omrt.load(cnn_om)
     assert plain.native is None
-    assert plain.kernels[0].status == "not loaded: not trusted: load with trust_kernels=True to run it"
+    assert plain.kernels[0].status == ("not loaded: not trusted: not signed: sign it (omrt sign) and trust its key, "
+                                       "or load with trust_kernels=True")
     trusted = omrt.load(cnn_om, trust_kernels=True)
     assert trusted.kernels[0].status == "loaded" and trusted.native is not None
     depthwise, dense = (k for k in trusted.default.kernels if type(k).__name__ == "Conv")

@@ -10,7 +10,7 @@ import os
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from .errors import (AllocationError, BindError, CompileError, FormatError, InputError, KernelError,
-                     OmrtError, ShapeError, UnsupportedOpError)
+                     OmrtError, ShapeError, SignatureError, UnsupportedOpError)
 from .custom import CustomOp
 from .kernels.custom import OutputRule
 from .kernels.parallel import get_num_threads, set_num_threads
@@ -38,6 +38,6 @@ def compile(model: Any, output: str | os.PathLike, shapes: Mapping[str, Sequence
 
 __all__ = ["AllocationError", "BindError", "CompileError", "CustomOp", "FormatError", "IOSpec", "InputError",
            "KernelError", "IOPool", "IOSet", "Memory", "Model", "OmrtError", "OutputRule", "Session", "ShapeError",
-           "Stats",
+           "SignatureError", "Stats",
            "UnsupportedOpError", "WeightSlots", "arena_size", "compile", "get_num_threads", "load", "run_op",
            "set_num_threads"]

@@ -1,4 +1,4 @@
-"""The `omrt` command line: compile, run, inspect, demo."""
+"""The `omrt` command line: compile, run, inspect, sign, keygen, bench, demo."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import os
 import statistics
 import sys
 import time
+from pathlib import Path
 from typing import Sequence
 
 import numpy as np
@@ -105,7 +106,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     from .zoo import backend_input
 
     omrt.set_num_threads(args.threads)
-    model = omrt.load(args.model, trust_kernels=args.trust_kernels, weight_budget=args.weight_budget)
+    model = omrt.load(args.model, trust_kernels=args.trust_kernels, weight_budget=args.weight_budget,
+                      trusted_keys=args.trusted_key, require_signature=args.require_signature)
     sess = model.session()
     given = dict(args.input or [])
     feeds = {}
@@ -154,7 +156,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     from .report import describe, plot
 
     model = omrt.load(args.model, verify=args.verify, trust_kernels=args.trust_kernels,
-                      weight_budget=args.weight_budget)
+                      weight_budget=args.weight_budget, trusted_keys=args.trusted_key,
+                      require_signature=args.require_signature)
     print(describe(model, plan=args.plan))
     if args.verify:
         print("weights digest: ok")
@@ -164,6 +167,35 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         plot(model, args.plot)
         print(f"plan picture written to {args.plot}")
     return 0
+
+
+def cmd_sign(args: argparse.Namespace) -> int:
+    from .signing import short, sign
+
+    fingerprint, parts = sign(args.model, args.key)
+    print(f"{args.model}: signed by key {short(fingerprint)} (sha256 {fingerprint}); covers the header and "
+          f"{', '.join(parts)}")
+    return 0
+
+
+def cmd_keygen(args: argparse.Namespace) -> int:
+    from .signing import keygen, keys_file, short
+
+    fingerprint = keygen(args.key, args.comment)
+    print(f"private key {args.key} (keep it secret), public key {args.key}.pub: key {short(fingerprint)}")
+    print(f"to trust it: add {args.key}.pub to {keys_file() or 'the trusted keys file'}, or pass --trusted-key "
+          f"{args.key}.pub")
+    return 0
+
+
+def _trust_args(p: argparse.ArgumentParser) -> None:
+    """The options that decide whether the file's packed code runs (run and inspect)."""
+    p.add_argument("--trust-kernels", action="store_true",
+                   help="run the native kernels packed in the file (machine code: only for files you trust)")
+    p.add_argument("--trusted-key", action="append", type=Path, metavar="FILE",
+                   help="trust files signed by the public key in FILE (repeatable; besides the trusted keys file)")
+    p.add_argument("--require-signature", action="store_true",
+                   help="refuse the file unless it is signed by a trusted key")
 
 
 def _thread_counts_arg(text: str) -> list[int]:
@@ -213,8 +245,7 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--repeat", type=int, default=0, help="timed runs after the first")
     r.add_argument("--output-dir", help="save outputs as .npy files here")
     r.add_argument("--profile", action="store_true", help="print time per op type")
-    r.add_argument("--trust-kernels", action="store_true",
-                   help="run the native kernels packed in the file (machine code: only for files you trust)")
+    _trust_args(r)
     r.add_argument("--threads", type=_threads_arg, default=1, metavar="N",
                    help="run omrt's kernels on N threads of its own (default 1; see omrt.set_num_threads)")
     r.add_argument("--weight-budget", type=_bytes_arg, metavar="BYTES",
@@ -225,11 +256,19 @@ def parser() -> argparse.ArgumentParser:
     i.add_argument("--plan", action="store_true", help="list tasks and draw the arena over time")
     i.add_argument("--plot", metavar="FILE.png|svg", help="write a picture of the memory plan")
     i.add_argument("--verify", action="store_true", help="also check the weights' digest")
-    i.add_argument("--trust-kernels", action="store_true",
-                   help="load the packed native kernels, to show whether they load on this host")
+    _trust_args(i)
     i.add_argument("--weight-budget", type=_bytes_arg, metavar="BYTES",
                    help="show which weights stay resident and the streaming schedule under this budget")
     i.set_defaults(fn=cmd_inspect)
+    s = sub.add_parser("sign", help="sign a .om file with an Ed25519 key, so that hosts trusting the key run "
+                                    "its packed code")
+    s.add_argument("model", help="the .om file (rewritten in place, atomically)")
+    s.add_argument("--key", required=True, help="the private key file (omrt keygen KEY)")
+    s.set_defaults(fn=cmd_sign)
+    k = sub.add_parser("keygen", help="make an Ed25519 key pair for omrt sign: KEY (mode 0600) and KEY.pub")
+    k.add_argument("key", help="the private key file to create (KEY.pub beside it)")
+    k.add_argument("--comment", help="the comment after the public key (default: the file's name)")
+    k.set_defaults(fn=cmd_keygen)
     b = sub.add_parser("bench", help="time an ONNX model with omrt and ONNX Runtime side by side")
     b.add_argument("model", help="the .onnx file (compiled to a temporary .om)")
     b.add_argument("--threads", type=_thread_counts_arg, default=[1, 2], metavar="N,N...",

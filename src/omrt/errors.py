@@ -37,3 +37,8 @@ class KernelError(OmrtError):
 
 class AllocationError(OmrtError):
     """Memory cannot be allocated, mapped, locked or imported as asked (a limit, a size, an fd)."""
+
+
+class SignatureError(KernelError):
+    """A file loaded with require_signature=True is not signed by a trusted key, or its signature
+    does not hold."""

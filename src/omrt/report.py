@@ -6,9 +6,13 @@ import html
 from collections import Counter
 
 from .format import Part
+from .errors import FormatError
+from .format.signature import part_name, signed_parts
+from .format.signature import read as read_signature
 from .plan import Program, picture
 from .plan.stream import StreamPlan
 from .runtime import Model
+from .signing import short
 
 
 def mib(n: int) -> str:
@@ -44,6 +48,7 @@ def describe(model: Model, plan: bool = False) -> str:
     if len(model.custom_ops):
         lines.append("custom operators:")
         lines += [f"  {op}" for op in model.custom_ops]
+    lines += signature(model)
     lines.append("environment: " + ", ".join(f"{k} {v}" for k, v in model.env.items()))
     prep = model.default
     if prep is None:
@@ -70,6 +75,19 @@ def describe(model: Model, plan: bool = False) -> str:
         lines.append("arena over time (rows: tasks, columns: bytes):")
         lines.append(picture(p.blocks, p.arena_size, len(p.tasks)))
     return "\n".join(lines)
+
+
+def signature(model: Model) -> list[str]:
+    """Who signed the file and what the signature covers, whether its packed code runs, and why."""
+    try:
+        record = read_signature(model._file)
+    except FormatError as e:
+        record, lines = None, [f"signature: damaged ({e})"]
+    else:
+        lines = [] if record is None else [
+            f"signature: {record.algorithm} by key {short(record.fingerprint)}, over the header and "
+            + ", ".join(part_name(t) for t in signed_parts(model._file.entries))]
+    return lines + [f"trust: {'yes' if model.trust else 'no'}, {model.trust.reason}"]
 
 
 def streaming(stream: StreamPlan, schedule: bool) -> list[str]:

@@ -40,6 +40,7 @@ class Part(IntEnum):
     PLANS = 4
     ENV = 5
     CUSTOM_OPS = 6
+    SIGNATURE = 7
 
 
 @dataclass(frozen=True)
@@ -57,14 +58,18 @@ Writer = Callable[[Callable[[bytes | memoryview], None]], None]
 """A partition's content, produced by calling the given write function with chunks."""
 
 
-def write(path: str | os.PathLike, parts: Iterable[tuple[Part, Writer]], flags: int = 0,
-          progress: Callable[[str], None] | None = None) -> int:
-    """Write partitions to `path` atomically; returns the file size. Nothing is left on failure."""
+def write(path: str | os.PathLike, parts: Iterable[tuple[Part | int, Writer]], flags: int = 0,
+          progress: Callable[[str], None] | None = None, mode: int | None = None) -> int:
+    """Write partitions to `path` atomically; returns the file size. Nothing is left on failure.
+    A partition's type may be a number this omrt has no name for (a rewrite keeps it); `mode`
+    sets the file's permission bits (by default those of a new temporary file: owner only)."""
     path = os.fspath(path)
     parts = list(parts)
     folder = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix=".omrt-", suffix=".tmp", dir=folder)
     try:
+        if mode is not None:
+            os.fchmod(fd, mode)
         with os.fdopen(fd, "wb") as f:
             table_at = HEADER.size
             first = _round(table_at + ENTRY.size * len(parts), PAGE)
@@ -72,7 +77,7 @@ def write(path: str | os.PathLike, parts: Iterable[tuple[Part, Writer]], flags: 
             entries = []
             for kind, produce in parts:
                 if progress:
-                    progress(f"writing {kind.name}")
+                    progress(f"writing {getattr(kind, 'name', kind)}")
                 start = _pad_to(f, PAGE)
                 h = hashlib.sha256()
 
@@ -199,10 +204,21 @@ class OmFile:
         """The bytes of a partition (zero-copy), checked against its digest when `verify`."""
         e = self.entry(kind)
         mv = memoryview(self.map)[e.offset:e.offset + e.size]
-        if verify and hashlib.sha256(mv).digest() != e.digest:
+        if verify:
+            self._match(kind, mv)
+        return mv
+
+    def read(self, kind: Part) -> bytes:
+        """A copy of a partition's bytes, checked against its digest after copying: what the caller
+        uses is what was checked, even if the file is changed on disk while it is mapped."""
+        data = bytes(self.view(kind, verify=False))
+        self._match(kind, data)
+        return data
+
+    def _match(self, kind: Part, data: bytes | memoryview) -> None:
+        if hashlib.sha256(data).digest() != self.entry(kind).digest:
             raise FormatError(f"{self.path!r}: the {kind.name} partition does not match its digest; "
                               f"the file is corrupted: recompile or copy it again")
-        return mv
 
     def close(self) -> None:
         """Unmap the file (a buffer the model was read from is the caller's to release)."""

@@ -78,8 +78,11 @@ def unpack(data: memoryview, where: str) -> list[Packed]:
         end = pos + n_name + n_vendor + n_target + n_bin
         if end > len(data):
             raise fail(f"record {i} runs past the partition's end")
-        name = bytes(data[pos:pos + n_name]).decode()
-        vendor = bytes(data[pos + n_name:pos + n_name + n_vendor]).decode()
+        try:
+            name = bytes(data[pos:pos + n_name]).decode()
+            vendor = bytes(data[pos + n_name:pos + n_name + n_vendor]).decode()
+        except UnicodeDecodeError:
+            raise fail(f"record {i}'s name or vendor is not UTF-8") from None
         try:
             target = json.loads(bytes(data[pos + n_name + n_vendor:end - n_bin]))
         except ValueError:

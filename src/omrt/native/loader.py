@@ -1,6 +1,6 @@
 """Packed native libraries at load: the host check, and loading from memory.
 
-A record is used only when the caller trusts the file (`trust_kernels=True`) and the host matches
+A record is used only when the model is trusted (`omrt.runtime.trust`) and the host matches
 its target (ELF class and machine, OS, kernel ABI, C library); it is then loaded from an anonymous
 in-memory file, never written to disk, once per process for the same bytes, and handed to that
 model's kernels only.
@@ -102,11 +102,12 @@ def _from_memory(data: bytes) -> ctypes.CDLL:
         return lib
 
 
-def load(records: list[Packed], trusted: bool) -> Library | None:
-    """The model's native library from its records (setting each one's status), or None."""
+def load(records: list[Packed], trusted: bool, untrusted: str = "not trusted") -> Library | None:
+    """The model's native library from its records (setting each one's status; `untrusted` says
+    why, when the model is not trusted: `Model` gives the reason of its trust decision), or None."""
     library = None
     for r in (r for r in records if r.kind == NATIVE):
-        why = "not trusted: load with trust_kernels=True to run it" if not trusted else mismatch(r)
+        why = untrusted if not trusted else mismatch(r)
         if why is None and library is not None:
             why = "a second native library is not supported"
         if why is None:

@@ -126,7 +126,7 @@ def _kernel(entry: OpEntry, record: Packed, trusted: bool, label: str) -> tuple[
     if not trusted:
         code = "Python source" if entry.kind == PYTHON_OP else "machine code"
         return None, (f"its kernel is {code} packed in the file, which is not trusted: load it with "
-                      f"trust_kernels=True if you trust the file")
+                      f"trust_kernels=True if you trust the file, or sign it and trust its key")
     if entry.kind == PYTHON_OP:
         return python_function(record.data.decode("utf-8", "replace"), entry.symbol, label), ""
     why = native_custom.mismatch(record)

@@ -22,11 +22,13 @@ from ..memory import Memory
 from ..native.loader import load as load_kernels
 from ..plan import Program, lower, specialize
 from ..plan import verify as verify_program
+from ..signing import KeySource
 from ..version import __version__
 from .custom import CustomOps, load_custom_ops, use_custom_ops
 from .prepare import IOSpec, Prepared, prepare
 from .session import Session
 from .stream import WeightFile
+from .trust import decide as decide_trust
 
 
 def _release(version: object) -> tuple[int, ...]:
@@ -58,7 +60,8 @@ class Model:
 
     def __init__(self, source: Source | int | Memory, verify: bool = False, trust_kernels: bool = False,
                  weights: Memory | None = None, weight_budget: int | None = None,
-                 keep_page_cache: bool = False) -> None:
+                 keep_page_cache: bool = False, trusted_keys: Iterable[KeySource] | None = None,
+                 require_signature: bool = False) -> None:
         if weight_budget is not None and (weights is not None or not isinstance(weight_budget, int)
                                           or weight_budget < 0):
             raise InputError("weight_budget= is a number of bytes, and streams weights from the model file, "
@@ -79,10 +82,13 @@ class Model:
             partition = self._place_weights(partition, weights)
         self.env = self._json(Part.ENV)
         check_environment(self.env, self.path)
-        self.kernels: list[Packed] = unpack(self._file.view(Part.KERNELS), self.path)
+        self.kernels: list[Packed] = unpack(memoryview(self._file.read(Part.KERNELS)), self.path)
         """The packed kernels, each with its load status."""
-        self.native = load_kernels(self.kernels, trust_kernels)
-        self.custom_ops = self._custom_ops(trust_kernels)
+        self.trust = decide_trust(self._file, trust_kernels, trusted_keys, require_signature)
+        """Whether the file's packed code may run, and why (`bool(model.trust)`, `str(model.trust)`):
+        the one decision every loader of packed code takes."""
+        self.native = load_kernels(self.kernels, self.trust.trusted, self._untrusted())
+        self.custom_ops = self._custom_ops(self.trust.trusted)
         """The custom operators the file carries, with whether each can run (`CustomOps.debug`
         checks their writes)."""
         self.graph, program, self.metadata = decode(self._file.view(Part.MODEL_DEF), partition, self.path)
@@ -108,10 +114,17 @@ class Model:
         self.default = self.prepared(program.signature) if program is not None else None
 
     def _custom_ops(self, trusted: bool) -> CustomOps:
-        """The model's own operators (none in files without a CUSTOM_OPS partition)."""
+        """The model's own operators (none in files without a CUSTOM_OPS partition), decoded from
+        the checked copy of the partition, like the kernels: the code that runs is the code signed."""
         has = self._file.has(Part.CUSTOM_OPS)
-        entries = decode_custom_ops(self._file.view(Part.CUSTOM_OPS), self.path) if has else []
+        entries = decode_custom_ops(memoryview(self._file.read(Part.CUSTOM_OPS)), self.path) if has else []
         return load_custom_ops(entries, self.kernels, trusted, self.path)
+
+    def _untrusted(self) -> str:
+        """Why packed code does not run, as a record's status says it (with the fix, when unsigned)."""
+        fix = "" if self._file.has(Part.SIGNATURE) else ": sign it (omrt sign) and trust its key, or load with " \
+                                                       "trust_kernels=True"
+        return f"not trusted: {self.trust.reason}{fix}"
 
     def _json(self, part: Part) -> dict:
         try:
@@ -267,7 +280,8 @@ def _describe(source: Any) -> str | None:
 
 
 def load(source: Source | int | Memory, verify: bool = False, trust_kernels: bool = False,
-         weights: Memory | None = None, weight_budget: int | None = None, keep_page_cache: bool = False) -> Model:
+         weights: Memory | None = None, weight_budget: int | None = None, keep_page_cache: bool = False,
+         trusted_keys: Iterable[KeySource] | None = None, require_signature: bool = False) -> Model:
     """Map a `.om` file, or read one in place from an fd (a memfd received over a socket, say), a
     `Memory`, or a buffer holding its bytes (bytes, bytearray, mmap, memoryview, ...): the weights
     are then views into that memory, kept alive by the model; do not change it while the model
@@ -280,8 +294,15 @@ def load(source: Source | int | Memory, verify: bool = False, trust_kernels: boo
     ahead of the task that needs them (docs/memory.md). The pages read are dropped from the page
     cache unless `keep_page_cache=True`.
 
-    `trust_kernels=True` lets the native kernels packed in the file run (they are machine code:
-    trust only files you compiled or got from someone you trust); otherwise, and where the host
-    cannot load them, the built-in numpy kernels run instead. `Model.kernels` tells which happened.
+    The code packed in the file (native kernels: machine code) runs only when the file is trusted
+    (`Model.trust` says whether and why): `trust_kernels=True` trusts it outright (for files you
+    compiled); otherwise it is trusted when signed (`omrt sign`) by one of `trusted_keys` (raw
+    32-byte public keys, their hex or base64 text, or paths of key files) or of the keys in the
+    user's trusted keys file (`omrt.signing`). A signed file that is not trusted (an unknown key,
+    or changed since it was signed) warns with the reason; `require_signature=True` raises
+    SignatureError for any file not signed by a trusted key. Where the file is not trusted, or the
+    host cannot load its code, the built-in numpy kernels run instead; `Model.kernels` tells
+    which happened.
     """
-    return Model(source, verify, trust_kernels, weights, weight_budget, keep_page_cache)
+    return Model(source, verify, trust_kernels, weights, weight_budget, keep_page_cache, trusted_keys,
+                 require_signature)
