@@ -25,7 +25,7 @@ from ..errors import FormatError
 from ..memory.memory import byte_view
 
 MAGIC = b"OMRT\x00\r\n\x1a"
-VERSION = (1, 2)
+VERSION = (1, 3)
 HEADER = struct.Struct("<8sHHIIQQ28x")
 ENTRY = struct.Struct("<IIQQ32s")
 PAGE = 4096
@@ -39,6 +39,8 @@ class Part(IntEnum):
     KERNELS = 3
     PLANS = 4
     ENV = 5
+    CUSTOM_OPS = 6
+    SIGNATURE = 7
 
 
 @dataclass(frozen=True)
