@@ -39,6 +39,8 @@ class CompileResult:
     graph: Graph
     seconds: float
     stored: list[Program] = field(default_factory=list)
+    libraries: list[Packed] = field(default_factory=list)
+    """The native library records packed, one per compiler (each names its target)."""
 
 
 def _environment() -> dict[str, str]:
@@ -69,12 +71,24 @@ def native_units(graph: Graph) -> list[str]:
     return sorted(units)
 
 
-def _native_library(graph: Graph, say: Callable[[str], None]) -> Packed | None:
-    """The native library record for `graph`, after the rewrites that pay only with it (when a C
-    compiler is there to build it)."""
-    if build.compiler() is not None:
+def _native_libraries(graph: Graph, compilers: Sequence[str] | None, say: Callable[[str], None]) -> list[Packed]:
+    """The native library records for `graph`, one per compiler (None: the host's own, if there is
+    one), after the rewrites that pay only with them."""
+    if compilers is not None or build.compiler() is not None:
         use_winograd(graph)
-    return build.build(native_units(graph), say)
+    built = [build.build(native_units(graph), say, cc) for cc in (compilers if compilers is not None else [None])]
+    return [record for record in built if record is not None]
+
+
+def _compilers(cc: str | Sequence[str] | None, native: bool) -> list[str] | None:
+    """The compilers `cc=` names, as a list (None when it names none)."""
+    if cc is None:
+        return None
+    names = [cc] if isinstance(cc, str) else list(cc)
+    if not native or not names or not all(isinstance(n, str) and n.strip() for n in names):
+        raise CompileError(f"cc={cc!r}: name one or more C compilers (e.g. 'gcc' or 'aarch64-linux-gnu-gcc') "
+                           f"for the native kernels" + ("; native=False builds none" if not native else ""))
+    return names
 
 
 def _plan_for(graph: Graph, signature: Mapping[str, Sequence[int]], say: Callable[[str], None]) -> Program:
@@ -97,15 +111,20 @@ def _plan_for(graph: Graph, signature: Mapping[str, Sequence[int]], say: Callabl
 
 def compile_model(model: Any, output: str | os.PathLike, shapes: Mapping[str, Sequence[int]] | None = None,
                   progress: Callable[[str], None] | None = None, native: bool = True,
-                  shapes_for: Sequence[Mapping[str, Sequence[int]]] = ()) -> CompileResult:
+                  shapes_for: Sequence[Mapping[str, Sequence[int]]] = (),
+                  cc: str | Sequence[str] | None = None) -> CompileResult:
     """Compile `model` into `output`; on any failure nothing is written.
 
     `native` packs the C kernels the model's ops can use (built with the host's C compiler; see
-    `omrt.native`); without them, or without a compiler, the model runs on numpy kernels.
+    `omrt.native`); without them, or without a compiler, the model runs on numpy kernels. `cc`
+    names the compiler(s) to build them with instead, one library per compiler, each for that
+    compiler's target (a cross compiler such as aarch64-linux-gnu-gcc builds for aarch64); a
+    named compiler that is missing or fails is a CompileError.
     `shapes_for` lists input signatures of a model with symbolic dims to plan now, into the
     PLANS partition: loading the model then plans nothing at run time for them.
     """
     t0 = time.perf_counter()
+    compilers = _compilers(cc, native)
     say = progress or (lambda msg: None)
     say("reading the ONNX model")
     proto = load_model(model)
@@ -116,13 +135,12 @@ def compile_model(model: Any, output: str | os.PathLike, shapes: Mapping[str, Se
     check_types(graph)
     say("fusing")
     optimize(graph)
-    library = _native_library(graph, say) if native else None
+    records = _native_libraries(graph, compilers, say) if native else []
     program = None
     if all(graph.infos[v].static for v in graph.inputs if graph.infos[v].is_tensor):
         say("planning memory")
         program = lower(graph)
     stored = [_plan_for(graph, signature, say) for signature in shapes_for]
-    records = [library] if library is not None else []
     constants = weights(graph)
     layout = weight_layout(constants)
     weights_bytes = sum(n for _, n in layout.values())
@@ -139,4 +157,5 @@ def compile_model(model: Any, output: str | os.PathLike, shapes: Mapping[str, Se
         (Part.PLANS, lambda sink: sink(plans)),
         (Part.ENV, lambda sink: sink(env)),
     ], flags=kinds_flag(records), progress=say)
-    return CompileResult(os.fspath(output), size, weights_bytes, program, graph, time.perf_counter() - t0, stored)
+    return CompileResult(os.fspath(output), size, weights_bytes, program, graph, time.perf_counter() - t0, stored,
+                         records)

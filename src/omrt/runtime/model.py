@@ -14,10 +14,11 @@ import numpy as np
 from ..errors import AllocationError, FormatError, InputError
 from ..format import OmFile, Part
 from ..format.container import Source
-from ..format.kernelstore import Packed, unpack
+from ..format.kernelstore import NATIVE, Packed, unpack
 from ..format.modeldef import decode, decode_program
 from ..ir import Graph
 from ..memory import Memory
+from ..native.library import kernel_abi
 from ..native.loader import load as load_kernels
 from ..plan import Program, lower, specialize
 from ..plan import verify as verify_program
@@ -44,6 +45,19 @@ def check_environment(env: dict, where: str) -> None:
         raise FormatError(f"{where} was compiled by omrt {env['omrt']}, newer than this omrt "
                           f"{__version__}: upgrade omrt (pip install -U omrt) or compile the model with "
                           f"this one")
+
+
+def environment_notes(env: dict, kernels: Sequence[Packed]) -> list[str]:
+    """What the ENV partition explains that is no reason to refuse the file: a model compiled by
+    an omrt whose kernel ABI differs from this one's, with no native library of this ABI packed,
+    runs on numpy kernels (each record's status says so too; this says why, and what to do)."""
+    written = env.get("kernel_abi")
+    native = [k for k in kernels if k.kind == NATIVE]
+    if not native or written == kernel_abi() or any(k.target.get("abi") == kernel_abi() for k in native):
+        return []
+    return [f"compiled by omrt {env.get('omrt')} with kernel ABI {written}; this omrt {__version__} has "
+            f"{kernel_abi()}: its packed native libraries cannot run here, the model runs on numpy kernels: "
+            f"recompile it with this omrt (or omrt repack --add a library it built)"]
 
 
 def _signature_key(shapes: Mapping[str, Sequence[int]]) -> tuple:
@@ -79,6 +93,8 @@ class Model:
         check_environment(self.env, self.path)
         self.kernels: list[Packed] = unpack(self._file.view(Part.KERNELS), self.path)
         """The packed kernels, each with its load status."""
+        self.compatibility = environment_notes(self.env, self.kernels)
+        """Why packed code cannot run here, as far as the ENV partition tells (one line each)."""
         self.native = load_kernels(self.kernels, trust_kernels)
         self.graph, program, self.metadata = decode(self._file.view(Part.MODEL_DEF), partition, self.path)
         self.file_size = self._file.size
