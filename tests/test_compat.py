@@ -394,8 +394,8 @@ def test_repack_refuses_what_it_cannot_do_and_writes_nothing(host_om, foreign_om
     rebuilt = str(tmp_path / "rebuilt.om")
     omrt.compile(pool_model(), rebuilt, cc=f"{HOST_CC} -Wl,--build-id=none")
     label = f"omrt-native@{records(host_om)[0].target['triple']}"
-    with pytest.raises(omrt.InputError, match=re.escape(f"{host_om} already carries {label} (other bytes): replace "
-                                                        f"it with --replace {label}=FILE")):
+    with pytest.raises(omrt.InputError, match=re.escape(f"{host_om} already carries {label} of this version (other "
+                                                        f"bytes): replace it with --replace {label}=FILE")):
         omrt.repack(host_om, out, add=[rebuilt])
     assert omrt.repack(host_om, out, add=[host_om]).added == []  # the very same record: nothing to add
     out.unlink()
@@ -452,9 +452,14 @@ def test_a_named_compiler_must_exist_and_build(tmp_path):
         omrt.compile(pool_model(), path, cc="no-such-cc-omrt")
     with pytest.raises(omrt.CompileError, match=r"native=False builds none"):
         omrt.compile(pool_model(), path, cc="gcc", native=False)
+    with pytest.raises(omrt.CompileError, match=r"name one or more distinct C compilers"):
+        omrt.compile(pool_model(), path, cc=["gcc", "gcc"])
     if HOST_CC is not None:
         with pytest.raises(omrt.CompileError, match=r"building native kernels with .* -fno-such-flag-omrt failed:"):
             omrt.compile(pool_model(), path, cc=f"{HOST_CC} -fno-such-flag-omrt")
+        with pytest.raises(omrt.CompileError, match=re.escape(f"cc {HOST_CC!r} and '{HOST_CC} -O2' build the same "
+                                                              f"library (omrt-native for ")):
+            omrt.compile(pool_model(), path, cc=[HOST_CC, f"{HOST_CC} -O2"])
     assert not path.exists()
 
 

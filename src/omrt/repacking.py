@@ -19,6 +19,7 @@ from typing import Iterable, Mapping, Union
 from .errors import FormatError, InputError
 from .format import MAGIC, VERSION, OmFile, Part, write
 from .format.kernelstore import NATIVE, Packed, kinds_flag, pack, unpack
+from .native.loader import dedupe_key
 from .native.target import label
 
 Source = Union[str, os.PathLike, Packed]
@@ -48,9 +49,10 @@ def describe(record: Packed) -> str:
 
 
 def _identity(record: Packed) -> tuple:
-    """What no two records of a file share: kind, name, target and kernel ABI (a file may carry
-    libraries of one target for two omrt releases)."""
-    return record.kind, record.name, label(record), record.target.get("abi")
+    """What no two records of a file share: for omrt's own libraries their dedupe key (name and
+    version for one target and CPU baseline: a file may carry libraries of one target for two
+    omrt releases, or two CPU levels), for others kind, name and target."""
+    return dedupe_key(record) if record.kind == NATIVE else (record.kind, record.name, label(record))
 
 
 def select(records: list[Packed], selector: str) -> list[Packed]:
@@ -116,8 +118,8 @@ def _add(records: list[Packed], new: Iterable[Packed], path: str) -> list[Packed
         if same and same[0].data == r.data and same[0].target == r.target:
             continue
         if same:
-            raise InputError(f"{path} already carries {describe(r)} (other bytes): replace it with "
-                             f"--replace {describe(r)}=FILE")
+            raise InputError(f"{path} already carries {describe(r)} of this version (other bytes): replace it "
+                             f"with --replace {describe(r)}=FILE")
         records.append(r)
         added.append(r)
     return added

@@ -21,6 +21,8 @@ from ..ir import Graph
 from ..kernels import lookup
 from ..native.library import kernel_abi
 from ..native import build
+from ..native.loader import dedupe_key
+from ..native.target import label
 from ..plan import Program, lower, propagate, specialize
 from .importer import import_model, load_model
 from .passes import optimize, use_winograd
@@ -76,8 +78,22 @@ def _native_libraries(graph: Graph, compilers: Sequence[str] | None, say: Callab
     one), after the rewrites that pay only with them."""
     if compilers is not None or build.compiler() is not None:
         use_winograd(graph)
-    built = [build.build(native_units(graph), say, cc) for cc in (compilers if compilers is not None else [None])]
-    return [record for record in built if record is not None]
+    built = {cc: build.build(native_units(graph), say, cc) for cc in (compilers or [None])}
+    _check_distinct(built)
+    return [record for record in built.values() if record is not None]
+
+
+def _check_distinct(built: Mapping[str | None, Packed | None]) -> None:
+    """Refuse two compilers that build the same library (one target, one CPU baseline): the
+    loader would only ever use one of them."""
+    seen: dict[tuple, str | None] = {}
+    for cc, record in built.items():
+        if record is None:
+            continue
+        first = seen.setdefault(dedupe_key(record), cc)
+        if first != cc:
+            raise CompileError(f"cc {first!r} and {cc!r} build the same library (omrt-native for {label(record)}, "
+                               f"the same CPU features): name one of them")
 
 
 def _compilers(cc: str | Sequence[str] | None, native: bool) -> list[str] | None:
@@ -85,8 +101,9 @@ def _compilers(cc: str | Sequence[str] | None, native: bool) -> list[str] | None
     if cc is None:
         return None
     names = [cc] if isinstance(cc, str) else list(cc)
-    if not native or not names or not all(isinstance(n, str) and n.strip() for n in names):
-        raise CompileError(f"cc={cc!r}: name one or more C compilers (e.g. 'gcc' or 'aarch64-linux-gnu-gcc') "
+    if not native or not names or not all(isinstance(n, str) and n.strip() for n in names) or \
+            len(set(names)) < len(names):
+        raise CompileError(f"cc={cc!r}: name one or more distinct C compilers (e.g. 'gcc' or 'aarch64-linux-gnu-gcc') "
                            f"for the native kernels" + ("; native=False builds none" if not native else ""))
     return names
 

@@ -111,12 +111,12 @@ def describe(cc: str, units: list[str], data: bytes) -> dict:
     not tell its triple), the newest glibc its symbols need, and the CPU features it may use."""
     argv = cc.split()
     triple = probe.triple(argv)
-    named = parse_triple(triple) if triple else {}
+    meant = parse_triple(triple) if triple else {}
     ident = elf.identity(data)
-    libc = named.get("libc", "") if triple else host()["libc"]
+    libc = meant.get("libc", "") if triple else host()["libc"]
     return {"omrt": __version__, "abi": kernel_abi(), "units": units, "compiler": _compiler_version(cc),
-            "triple": triple, "os": named.get("os") or host()["os"],
-            "machine": named.get("machine") or (elf.machine_name(ident[2]) if ident else ""),
+            "triple": triple, "os": meant.get("os") or host()["os"],
+            "machine": meant.get("machine") or (elf.machine_name(ident[2]) if ident else ""),
             "elf_machine": ident[2] if ident else 0,
             "libc": libc, "libc_version": elf.glibc_needed(data) if libc == "glibc" else "",
             "cpu": {"baseline": probe.baseline(argv, FLAGS), "features": probe.features(argv, FLAGS),
