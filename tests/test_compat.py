@@ -394,10 +394,11 @@ def test_repack_refuses_what_it_cannot_do_and_writes_nothing(host_om, foreign_om
     rebuilt = str(tmp_path / "rebuilt.om")
     omrt.compile(pool_model(), rebuilt, cc=f"{HOST_CC} -Wl,--build-id=none")
     label = f"omrt-native@{records(host_om)[0].target['triple']}"
-    with pytest.raises(omrt.InputError, match=re.escape(f"{host_om} already carries {label} of this version (other "
-                                                        f"bytes): replace it with --replace {label}=FILE")):
-        omrt.repack(host_om, out, add=[rebuilt])
-    assert omrt.repack(host_om, out, add=[host_om]).added == []  # the very same record: nothing to add
+    res = omrt.repack(host_om, out, add=[rebuilt])  # the same version, other bytes: the file keeps its own
+    assert res.added == [] and [r.data for r in res.kernels] == [records(host_om)[0].data]
+    assert res.notes == [f"{label}: kept the one {host_om} carries, of the same version (kernel ABI, units, CPU "
+                         f"features): the loader takes either"]
+    assert omrt.repack(host_om, out, add=[host_om]).notes == []  # the very same record: nothing to add or say
     out.unlink()
     so = tmp_path / "bare.so"
     so.write_bytes(records(host_om)[0].data)
@@ -406,6 +407,9 @@ def test_repack_refuses_what_it_cannot_do_and_writes_nothing(host_om, foreign_om
     custom = Packed(4, "com.acme.ops", "acme", {}, b"code")
     with_custom = str(tmp_path / "custom.om")
     omrt.repack(host_om, with_custom, add=[custom])
+    with pytest.raises(omrt.InputError, match=re.escape(f"{with_custom} already carries com.acme.ops@any target "
+                                                        f"(other bytes): replace it with --replace")):
+        omrt.repack(with_custom, out, add=[Packed(4, "com.acme.ops", "acme", {}, b"fixed code")])
     with pytest.raises(omrt.InputError, match=re.escape("com.acme.ops@any target is a custom operator (kind 4) the "
                                                         "model cannot run without: replace it")):
         omrt.repack(with_custom, out, remove=["com.acme.ops"])

@@ -110,18 +110,22 @@ def _remove(records: list[Packed], selector: str, path: str, replacing: bool) ->
     return gone
 
 
-def _add(records: list[Packed], new: Iterable[Packed], path: str) -> list[Packed]:
-    """Add `new` to `records`; those added (one already there with the same bytes is left as is)."""
+def _add(records: list[Packed], new: Iterable[Packed], path: str, notes: list[str]) -> list[Packed]:
+    """Add `new` to `records`; those added. One of omrt's libraries of a version the file already
+    carries is not added (the loader would take either; `notes` says so); a custom record of a
+    name and target it carries with other bytes is an error (replace it instead)."""
     added = []
     for r in new:
         same = [o for o in records if _identity(o) == _identity(r)]
-        if same and same[0].data == r.data and same[0].target == r.target:
-            continue
-        if same:
-            raise InputError(f"{path} already carries {describe(r)} of this version (other bytes): replace it "
-                             f"with --replace {describe(r)}=FILE")
-        records.append(r)
-        added.append(r)
+        if same and r.kind == NATIVE and same[0].data != r.data:
+            notes.append(f"{describe(r)}: kept the one {path} carries, of the same version (kernel ABI, units, CPU "
+                         f"features): the loader takes either")
+        elif same and same[0].data != r.data:
+            raise InputError(f"{path} already carries {describe(r)} (other bytes): replace it with --replace "
+                             f"{describe(r)}=FILE")
+        if not same:
+            records.append(r)
+            added.append(r)
     return added
 
 
@@ -173,14 +177,15 @@ def repack(src: str | os.PathLike, dst: str | os.PathLike, add: Iterable[Source]
                               f"omrt's {VERSION[0]}.{VERSION[1]}: repack it with the omrt that wrote it")
         records = unpack(file.view(Part.KERNELS), src)
         result = RepackResult(os.fspath(dst))
+        notes: list[str] = []
         for selector in remove:
             result.removed += _remove(records, selector, src, replacing=False)
         for selector, source in (replace or {}).items():
             result.removed += _remove(records, selector, src, replacing=True)
-            result.added += _add(records, records_from(source), src)
+            result.added += _add(records, records_from(source), src, notes)
         for source in add:
-            result.added += _add(records, records_from(source), src)
-        result.kernels, result.notes = records, _notes(file, result.added)
+            result.added += _add(records, records_from(source), src, notes)
+        result.kernels, result.notes = records, _notes(file, result.added) + notes
         flags = (file.flags & ~0xFFFF) | kinds_flag(records)
         write(dst, _parts(file, pack(records)), flags=flags)
         return result
