@@ -18,7 +18,7 @@ Fresh environment: `python -m venv`, then `pip install --no-deps` of a copy of t
 and `pip install numpy`, nothing else (no onnx). A worker run there with `-I` loads `ffn` (C)
 and `rotary` (Python) with `trust_kernels=True`, runs them, and loads `ffn2`; the parent compares
 the outputs with numpy references in float64 (largest difference over the output's magnitude)
-and prints the worker's `omrt.native.custom.stats()`.
+and prints the worker's `omrt.native.loader.stats()["content"]`.
 
 Latency: one worker process with OPENBLAS_NUM_THREADS=1 and omrt's and ONNX Runtime's thread
 counts at 1 times `ffn` in omrt (C operator, inputs and outputs bound), in omrt (Python
@@ -168,7 +168,7 @@ def compile_all(folder: str) -> None:
 VENV_WORKER = """
 import importlib.util, json, os, sys
 import numpy as np, omrt
-from omrt.native.custom import stats
+from omrt.native.loader import stats
 feeds = np.load("inputs.npz")
 out = {"onnx_importable": importlib.util.find_spec("onnx") is not None, "omrt": omrt.__file__,
        "modules": sorted(m for m in sys.modules if m.split(".")[0] in ("onnx", "onnxruntime", "custom_ops"))}
@@ -176,10 +176,10 @@ ffn = omrt.load("ffn_c.om", trust_kernels=True)
 np.save("ffn_c.npy", ffn.session().run({"x": feeds["x"]})["y"])
 rot = omrt.load("rotary_py.om", trust_kernels=True)
 np.save("rotary_py.npy", rot.session().run({"q": feeds["q"]})["y"])
-out["after_one_model"] = stats()
+out["after_one_model"] = stats()["content"]
 ffn2 = omrt.load("ffn2_c.om", trust_kernels=True)
 ffn2.session().run({"x": feeds["x"]})
-out["after_two_models"] = stats()
+out["after_two_models"] = stats()["content"]
 out["status"] = [str(op) for m in (ffn, rot, ffn2) for op in m.custom_ops]
 print(json.dumps(out))
 """

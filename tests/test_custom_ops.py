@@ -20,7 +20,10 @@ import omrt
 from omrt.format import HEADER, Part
 from omrt.format.container import OmFile, write
 from omrt.kernels import base as kernel_base
+from omrt.format.kernelstore import NATIVE_OP, Packed
 from omrt.native import custom as native_custom
+from omrt.native import loader
+from omrt.native.elf import exported_functions
 from omrt.native.build import compiler
 from conftest import run_without_onnx
 
@@ -331,22 +334,22 @@ def test_models_sharing_a_library_load_it_once_per_process(tmp_path):
     omrt.compile(unary_model("Foo"), str(tmp_path / "c.om"), custom_ops=[_foo(3, "c")])
     code = textwrap.dedent(f"""
         import numpy as np, omrt
-        from omrt.native.custom import stats
-        before = stats()
+        from omrt.native.loader import stats
+        before = stats()["content"]
         models = [omrt.load(path, trust_kernels=True) for path in {[str(tmp_path / n) for n in ("a.om", "b.om")]!r}]
-        shared = stats()
+        shared = stats()["content"]
         third = omrt.load({str(tmp_path / 'c.om')!r}, trust_kernels=True)
         x = np.ones((4, 16), np.float32)
         for m in models + [third]:
             m.session().run({{"x": x}})
-        print(before, shared, stats())
+        print(before, shared, stats()["content"])
     """)
     res = run_without_onnx(code)
     assert res.returncode == 0, res.stderr
     before, shared, after = (eval(part + "}") for part in res.stdout.strip().rstrip("}").split("} "))
-    assert before == {"loaded": 0, "reused": 0}
-    assert shared == {"loaded": 1, "reused": 1}  # two models, one dlopen
-    assert after == {"loaded": 2, "reused": 1}  # another library is another load
+    assert before == {"loads": 0, "reuses": 0}
+    assert shared == {"loads": 1, "reuses": 1}  # two models, one dlopen
+    assert after == {"loads": 2, "reuses": 1}  # another library is another load
 
 
 # ----------------------------------------------------------------------------- trust
@@ -483,10 +486,10 @@ def test_a_file_whose_library_lacks_the_entry_point_is_refused_at_load(tmp_path)
     entries = json.loads(bytes(OmFile(path).view(Part.CUSTOM_OPS)))
     entries["ops"][0]["symbol"] = "gelu_fast"
     _rewrite(path, {Part.CUSTOM_OPS: json.dumps(entries).encode()}, kernels=lambda k: {**k, "symbols": ["gelu_fast"]})
-    before = native_custom.stats()["loaded"]
+    before = loader.stats()["content"]["loads"]
     with pytest.warns(RuntimeWarning, match=r"it has no entry point 'gelu_fast'"):
         model = omrt.load(path, trust_kernels=True)
-    assert native_custom.stats()["loaded"] == before
+    assert loader.stats()["content"]["loads"] == before
     assert model.custom_ops.ops[0].status.startswith("cannot run: its C library does not load on this host (it "
                                                      "has no entry point 'gelu_fast')")
 
@@ -617,7 +620,8 @@ def test_bad_rule_expressions_are_shape_errors(text, why):
 @needs_cc
 def test_the_c_entry_checks_every_tensor_before_the_call():
     data, _ = native_custom.compile_source(FAST_GELU_C, "test")
-    entry = native_custom.Entry(native_custom.load_library(data), "fast_gelu")
+    record = Packed(NATIVE_OP, "test", "test", {"symbols": ["fast_gelu"]}, data)
+    entry = native_custom.Entry(loader.open_library(record, "fast_gelu"), "fast_gelu")
     x = np.ones((4, 4), np.float32)
     y = np.empty((4, 4), np.float32)
     entry([x], [y], None, b"{}", "op")
@@ -641,11 +645,11 @@ def _read_only(a):
 @needs_cc
 def test_exported_functions_are_read_from_the_elf_without_loading_it():
     data, _ = native_custom.compile_source(SWIGLU_C + FAST_GELU_C.replace('#include "omrt_custom.h"', ""), "test")
-    assert {"swiglu", "fast_gelu"} <= native_custom.exported_functions(data)
+    assert {"swiglu", "fast_gelu"} <= exported_functions(data)
     with pytest.raises(ValueError, match="no ELF header"):
-        native_custom.exported_functions(b"MZ" + data[2:])
+        exported_functions(b"MZ" + data[2:])
     with pytest.raises(ValueError, match="cut short"):
-        native_custom.exported_functions(data[:200])
+        exported_functions(data[:200])
 
 
 # ----------------------------------------------------------------------------- command line

@@ -91,7 +91,7 @@ def _with_env(om_bytes: bytes, env: dict, path) -> str:
     from omrt.format import OmFile, write
 
     f = OmFile(om_bytes)
-    parts = [(kind, (lambda sink, k=kind: sink(bytes(f.view(k))))) for kind in Part if kind != Part.ENV and f.has(kind)]
+    parts = [(kind, (lambda sink, k=kind: sink(bytes(f.view(k))))) for kind in Part if f.has(kind) and kind != Part.ENV]
     write(path, parts + [(Part.ENV, lambda sink: sink(json.dumps(env).encode()))])
     return str(path)
 

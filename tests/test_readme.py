@@ -125,7 +125,7 @@ def test_cli_inspect_shows_whether_trusted_kernels_load(tmp_path):
     if "no C compiler" in plain.stderr:
         return
     assert "not loaded: not trusted" in plain.stdout
-    assert "): loaded" in trusted.stdout
+    assert "\n    loaded\n" in trusted.stdout
 
 
 def test_demo_reports_a_match():

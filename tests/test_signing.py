@@ -464,7 +464,7 @@ def test_the_keys_file_in_the_config_folder_trusts_in_a_fresh_process(signed, ke
     out = _omrt("inspect", signed, env=_env(HOME=str(home)))
     assert out.returncode == 0, out.stderr
     assert f"trust: yes, signed by key {who} (trusted keys file {default}: alice)" in out.stdout
-    assert "omrt-native (omrt, conv, pool;" in out.stdout and "): loaded" in out.stdout
+    assert "  omrt-native for " in out.stdout and "\n    loaded\n" in out.stdout
     assert f"signature: ed25519 by key {who}, over the header and MODEL_DEF, WEIGHTS, KERNELS, PLANS, ENV, " \
            f"type 99" in out.stdout
 

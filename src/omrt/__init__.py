@@ -20,24 +20,37 @@ from .version import __version__
 
 if TYPE_CHECKING:
     from .compiler import CompileResult
+    from .repacking import RepackResult
 
 
 def compile(model: Any, output: str | os.PathLike, shapes: Mapping[str, Sequence[int]] | None = None,
             progress: Any = None, native: bool = True,
             shapes_for: Sequence[Mapping[str, Sequence[int]]] = (),
-            custom_ops: Sequence[CustomOp] = ()) -> "CompileResult":
+            custom_ops: Sequence[CustomOp] = (), cc: str | Sequence[str] | None = None) -> "CompileResult":
     """Compile an ONNX model (path, bytes or ModelProto) into the `.om` file `output`; `native`
-    packs the C kernels its ops can use (see `omrt.load(..., trust_kernels=True)`); `shapes_for`
-    lists input signatures of a symbolic model to plan now rather than at run time; `custom_ops`
-    defines operators omrt lacks (`omrt.CustomOp`), and those the model uses travel in the file."""
+    packs the C kernels its ops can use (see `omrt.load(..., trust_kernels=True)`), built with
+    the host's C compiler or with each compiler `cc` names (one library per target, e.g.
+    `cc=["gcc", "aarch64-linux-gnu-gcc"]`); `shapes_for` lists input signatures of a symbolic
+    model to plan now rather than at run time; `custom_ops` defines operators omrt lacks
+    (`omrt.CustomOp`), and those the model uses travel in the file."""
     from .compiler import compile_model
 
     return compile_model(model, output, shapes=shapes, progress=progress, native=native, shapes_for=shapes_for,
-                         custom_ops=custom_ops)
+                         custom_ops=custom_ops, cc=cc)
+
+
+def repack(src: str | os.PathLike, dst: str | os.PathLike, add: Sequence[Any] = (), remove: Sequence[str] = (),
+           replace: Mapping[str, Any] | None = None) -> "RepackResult":
+    """Rewrite the `.om` file `src` as `dst` (which may be `src`) with packed libraries added (the
+    records of a `.om` or kernel store file, or `Packed` records), replaced (`{"NAME[@TARGET]":
+    source}`) or removed (`"NAME[@TARGET]"`), without recompiling; see `omrt.repacking`."""
+    from .repacking import repack as rewrite
+
+    return rewrite(src, dst, add=add, remove=remove, replace=replace)
 
 
 __all__ = ["AllocationError", "BindError", "CompileError", "CustomOp", "FormatError", "IOSpec", "InputError",
            "KernelError", "IOPool", "IOSet", "Memory", "Model", "OmrtError", "OutputRule", "Session", "ShapeError",
-           "SignatureError", "Stats",
-           "UnsupportedOpError", "WeightSlots", "arena_size", "compile", "get_num_threads", "load", "run_op",
+           "SignatureError", "Stats", "UnsupportedOpError", "WeightSlots", "arena_size", "compile",
+           "get_num_threads", "load", "repack", "run_op",
            "set_num_threads"]

@@ -1,4 +1,4 @@
-"""The `omrt` command line: compile, run, inspect, sign, keygen, bench, demo."""
+"""The `omrt` command line: compile, run, inspect, repack, sign, keygen, bench, demo."""
 
 from __future__ import annotations
 
@@ -87,8 +87,8 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
     ops = [op for path in args.custom_op or [] for op in ops_from_file(path)]
     res = omrt.compile(args.model, args.output, shapes=dict(args.shape or []), progress=progress,
-                       native=not args.no_native, shapes_for=args.plan_for or [], custom_ops=ops)
-    from .report import mib, plan_figures
+                       native=not args.no_native, shapes_for=args.plan_for or [], custom_ops=ops, cc=args.cc)
+    from .report import library_line, mib, plan_figures
 
     print(f"{args.output}: {mib(res.file_size)} ({mib(res.weights_bytes)} weights), "
           f"{len(res.graph.nodes)} nodes, compiled in {res.seconds:.2f} s")
@@ -98,6 +98,8 @@ def cmd_compile(args: argparse.Namespace) -> int:
         print("  input shapes are symbolic: plans are made per input signature at run time")
     for program in res.stored:
         print(f"  planned for {program.signature}: {plan_figures(program)}")
+    for record in res.libraries:
+        print(f"  native kernels {library_line(record)}")
     return 0
 
 
@@ -198,6 +200,33 @@ def _trust_args(p: argparse.ArgumentParser) -> None:
                    help="refuse the file unless it is signed by a trusted key")
 
 
+def _replace_arg(text: str) -> tuple[str, str]:
+    selector, sep, path = text.partition("=")
+    if not sep or not selector or not path:
+        raise argparse.ArgumentTypeError(f"--replace {text!r}: expected NAME[@TARGET]=FILE, e.g. "
+                                         f"omrt-native@aarch64-linux-gnu=arm.om")
+    return selector, path
+
+
+def cmd_repack(args: argparse.Namespace) -> int:
+    """Add, replace or remove packed libraries (see omrt.repack)."""
+    import omrt
+    from .report import library_line
+
+    res = omrt.repack(args.input, args.output, add=args.add or [], remove=args.remove or [],
+                      replace=dict(args.replace or []))
+    for record in res.removed:
+        print(f"removed {library_line(record)}")
+    for record in res.added:
+        print(f"added {library_line(record)}")
+    print(f"{res.path}: {len(res.kernels)} packed librar{'y' if len(res.kernels) == 1 else 'ies'}")
+    for record in res.kernels:
+        print(f"  {library_line(record)}")
+    for note in res.notes:
+        print(f"note: {note}")
+    return 0
+
+
 def _thread_counts_arg(text: str) -> list[int]:
     """--threads of `bench`: comma-separated counts, each checked like a single --threads."""
     return [_threads_arg(t) for t in text.split(",")]
@@ -238,6 +267,9 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("-q", "--quiet", action="store_true", help="no progress messages")
     c.add_argument("--no-native", action="store_true",
                    help="do not build and pack native kernels (the model then runs on numpy kernels only)")
+    c.add_argument("--cc", action="append", metavar="CC",
+                   help="build the native kernels with this C compiler, for its target (repeatable: one "
+                        "library per compiler, e.g. --cc gcc --cc aarch64-linux-gnu-gcc)")
     c.set_defaults(fn=cmd_compile)
     r = sub.add_parser("run", help="run a .om model and print its outputs and latency")
     r.add_argument("model")
@@ -269,6 +301,18 @@ def parser() -> argparse.ArgumentParser:
     k.add_argument("key", help="the private key file to create (KEY.pub beside it)")
     k.add_argument("--comment", help="the comment after the public key (default: the file's name)")
     k.set_defaults(fn=cmd_keygen)
+    p = sub.add_parser("repack", help="add, replace or remove the libraries packed in a .om file, without "
+                                      "recompiling it")
+    p.add_argument("input", help="the .om file to read")
+    p.add_argument("output", help="the .om file to write (may be the input)")
+    p.add_argument("--add", action="append", metavar="FILE",
+                   help="add the libraries packed in this .om file (say, the same model compiled with --cc for "
+                        "another target) or kernel store file (repeatable)")
+    p.add_argument("--replace", action="append", type=_replace_arg, metavar="NAME[@TARGET]=FILE",
+                   help="replace the named libraries with those of FILE (repeatable)")
+    p.add_argument("--remove", action="append", metavar="NAME[@TARGET]",
+                   help="remove the named libraries, e.g. omrt-native@aarch64-linux-gnu (repeatable)")
+    p.set_defaults(fn=cmd_repack)
     b = sub.add_parser("bench", help="time an ONNX model with omrt and ONNX Runtime side by side")
     b.add_argument("model", help="the .onnx file (compiled to a temporary .om)")
     b.add_argument("--threads", type=_thread_counts_arg, default=[1, 2], metavar="N,N...",

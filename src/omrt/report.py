@@ -9,6 +9,9 @@ from .format import Part
 from .errors import FormatError
 from .format.signature import part_name, signed_parts
 from .format.signature import read as read_signature
+from .format.kernelstore import Packed
+from .native import loader
+from .native.target import label
 from .plan import Program, picture
 from .plan.stream import StreamPlan
 from .runtime import Model
@@ -24,6 +27,27 @@ def plan_figures(p: Program) -> str:
     ratio = p.arena_size / p.lower_bound if p.lower_bound else 1.0
     return (f"arena {mib(p.arena_size)}  lower bound {mib(p.lower_bound)}  (x{ratio:.3f})  "
             f"naive {mib(p.naive_size)}  I/O fallback {mib(p.io_size)}")
+
+
+def library_line(record: Packed) -> str:
+    """A packed record on one line: name and target, who built it from what, what it needs."""
+    t = record.target
+    cpu = t.get("cpu") or {}
+    made = [f"{record.vendor} {t.get('omrt', '')}".strip(), ", ".join(record.units), t.get("compiler", "")]
+    needs = [f"{t['libc']} {t.get('libc_version', '')}".strip()] if t.get("libc") else []
+    if cpu.get("baseline") or cpu.get("features"):
+        needs.append(f"cpu {cpu.get('baseline') or '?'} ({', '.join(cpu.get('features', [])) or 'no listed features'})")
+    parts = ["; ".join(p for p in made if p)] + ([f"needs {', '.join(needs)}"] if needs else [])
+    if cpu.get("clones"):
+        parts.append(f"clones {', '.join(cpu['clones'])}")
+    return f"{record.name} for {label(record)}: {'; '.join(parts)}"
+
+
+def loads_line() -> str:
+    """The libraries this process loaded from model files, and reused, per dedupe strategy."""
+    counts = loader.stats()
+    return "native libraries in this process: " + "; ".join(
+        f"by {strategy} {c['loads']} loaded, {c['reuses']} reused" for strategy, c in counts.items())
 
 
 def describe(model: Model, plan: bool = False) -> str:
@@ -43,13 +67,16 @@ def describe(model: Model, plan: bool = False) -> str:
                  ", ".join(f"{op} x{c}" for op, c in ops.most_common()))
     lines.append(f"weights: {len(model.graph.constants)} tensors")
     lines.append(f"packed kernels: {len(model.kernels) or 'none'}")
-    lines += [f"  {k.name} ({k.vendor}, {', '.join(k.units) or f'kind {k.kind}'}; {k.target.get('compiler', '?')}): "
-              f"{k.status}" for k in model.kernels]
+    for k in model.kernels:
+        lines += [f"  {library_line(k)}", f"    {k.status}"]
+    if model.kernels:
+        lines.append(loads_line())
     if len(model.custom_ops):
         lines.append("custom operators:")
         lines += [f"  {op}" for op in model.custom_ops]
     lines += signature(model)
     lines.append("environment: " + ", ".join(f"{k} {v}" for k, v in model.env.items()))
+    lines += [f"compatibility: {note}" for note in model.compatibility]
     prep = model.default
     if prep is None:
         lines.append(f"plans: {len(model.stored_plans) or 'none'} stored for input signatures (shapes are "

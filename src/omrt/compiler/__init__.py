@@ -21,6 +21,8 @@ from ..ir import Graph
 from ..kernels import kernel_of
 from ..native.library import kernel_abi
 from ..native import build
+from ..native.loader import dedupe_key
+from ..native.target import label
 from ..plan import Program, lower, propagate, specialize
 from . import custom
 from ..custom import CustomOp
@@ -41,6 +43,8 @@ class CompileResult:
     graph: Graph
     seconds: float
     stored: list[Program] = field(default_factory=list)
+    libraries: list[Packed] = field(default_factory=list)
+    """The native library records packed, one per compiler (each names its target)."""
 
 
 def _environment() -> dict[str, str]:
@@ -71,12 +75,39 @@ def native_units(graph: Graph) -> list[str]:
     return sorted(units)
 
 
-def _native_library(graph: Graph, say: Callable[[str], None]) -> Packed | None:
-    """The native library record for `graph`, after the rewrites that pay only with it (when a C
-    compiler is there to build it)."""
-    if build.compiler() is not None:
+def _native_libraries(graph: Graph, compilers: Sequence[str] | None, say: Callable[[str], None]) -> list[Packed]:
+    """The native library records for `graph`, one per compiler (None: the host's own, if there is
+    one), after the rewrites that pay only with them."""
+    if compilers is not None or build.compiler() is not None:
         use_winograd(graph)
-    return build.build(native_units(graph), say)
+    built = {cc: build.build(native_units(graph), say, cc) for cc in (compilers or [None])}
+    _check_distinct(built)
+    return [record for record in built.values() if record is not None]
+
+
+def _check_distinct(built: Mapping[str | None, Packed | None]) -> None:
+    """Refuse two compilers that build the same library (one target, one CPU baseline): the
+    loader would only ever use one of them."""
+    seen: dict[tuple, str | None] = {}
+    for cc, record in built.items():
+        if record is None:
+            continue
+        first = seen.setdefault(dedupe_key(record), cc)
+        if first != cc:
+            raise CompileError(f"cc {first!r} and {cc!r} build the same library (omrt-native for {label(record)}, "
+                               f"the same CPU features): name one of them")
+
+
+def _compilers(cc: str | Sequence[str] | None, native: bool) -> list[str] | None:
+    """The compilers `cc=` names, as a list (None when it names none)."""
+    if cc is None:
+        return None
+    names = [cc] if isinstance(cc, str) else list(cc)
+    if not native or not names or not all(isinstance(n, str) and n.strip() for n in names) or \
+            len(set(names)) < len(names):
+        raise CompileError(f"cc={cc!r}: name one or more distinct C compilers (e.g. 'gcc' or 'aarch64-linux-gnu-gcc') "
+                           f"for the native kernels" + ("; native=False builds none" if not native else ""))
+    return names
 
 
 def _plan_for(graph: Graph, signature: Mapping[str, Sequence[int]], say: Callable[[str], None]) -> Program:
@@ -100,16 +131,20 @@ def _plan_for(graph: Graph, signature: Mapping[str, Sequence[int]], say: Callabl
 def compile_model(model: Any, output: str | os.PathLike, shapes: Mapping[str, Sequence[int]] | None = None,
                   progress: Callable[[str], None] | None = None, native: bool = True,
                   shapes_for: Sequence[Mapping[str, Sequence[int]]] = (),
-                  custom_ops: Sequence[CustomOp] = ()) -> CompileResult:
+                  custom_ops: Sequence[CustomOp] = (), cc: str | Sequence[str] | None = None) -> CompileResult:
     """Compile `model` into `output`; on any failure nothing is written.
 
     `native` packs the C kernels the model's ops can use (built with the host's C compiler; see
-    `omrt.native`); without them, or without a compiler, the model runs on numpy kernels.
+    `omrt.native`); without them, or without a compiler, the model runs on numpy kernels. `cc`
+    names the compiler(s) to build them with instead, one library per compiler, each for that
+    compiler's target (a cross compiler such as aarch64-linux-gnu-gcc builds for aarch64); a
+    named compiler that is missing or fails is a CompileError.
     `shapes_for` lists input signatures of a model with symbolic dims to plan now, into the
     PLANS partition: loading the model then plans nothing at run time for them. `custom_ops`
     defines operators omrt lacks (`omrt.CustomOp`); those the model uses are packed into the file.
     """
     t0 = time.perf_counter()
+    compilers = _compilers(cc, native)
     say = progress or (lambda msg: None)
     ops = custom.by_name(custom_ops)
     say("reading the ONNX model")
@@ -121,14 +156,14 @@ def compile_model(model: Any, output: str | os.PathLike, shapes: Mapping[str, Se
     check_types(graph)
     say("fusing")
     optimize(graph)
-    library = _native_library(graph, say) if native else None
+    libraries = _native_libraries(graph, compilers, say) if native else []
     program = None
     if all(graph.infos[v].static for v in graph.inputs if graph.infos[v].is_tensor):
         say("planning memory")
         program = lower(graph)
     stored = [_plan_for(graph, signature, say) for signature in shapes_for]
     custom_records, custom_part = custom.pack(graph, ops, say)
-    records = ([library] if library is not None else []) + custom_records
+    records = libraries + custom_records
     constants = weights(graph)
     layout = weight_layout(constants)
     weights_bytes = sum(n for _, n in layout.values())
@@ -146,4 +181,5 @@ def compile_model(model: Any, output: str | os.PathLike, shapes: Mapping[str, Se
         (Part.ENV, lambda sink: sink(env)),
         *([(Part.CUSTOM_OPS, lambda sink: sink(custom_part))] if custom_part is not None else []),
     ], flags=kinds_flag(records), progress=say)
-    return CompileResult(os.fspath(output), size, weights_bytes, program, graph, time.perf_counter() - t0, stored)
+    return CompileResult(os.fspath(output), size, weights_bytes, program, graph, time.perf_counter() - t0, stored,
+                         libraries)

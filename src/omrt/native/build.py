@@ -1,7 +1,8 @@
 """Build omrt's C units into one shared library record, for a model's KERNELS partition.
 
-Needs a C compiler (`$CC`, else cc, gcc or clang), not onnx: the compiler hands over the units
-its graph's kernels declare (`Kernel.native_units`).
+Needs a C compiler (`$CC`, else cc, gcc or clang, or the one named: a cross compiler builds a
+record for its own target), not onnx: the compiler hands over the units its graph's kernels
+declare (`Kernel.native_units`).
 """
 
 from __future__ import annotations
@@ -16,13 +17,17 @@ import tempfile
 import warnings
 from typing import Callable
 
+from ..errors import CompileError
 from ..format.kernelstore import NATIVE, Packed
-from .library import CORE, SOURCES
-from .loader import host_target
+from ..version import __version__
+from . import elf, probe
+from .library import CORE, SOURCES, kernel_abi
+from .target import host, parse_triple
 
 FLAGS = ["-O3", "-std=c11", "-shared", "-fPIC", "-pthread", "-fno-math-errno", "-fno-plt", "-Wall"]
 """The hot loops carry their own per-ISA clones (see csrc/omrt_native.h), so no -march: the
-library runs on any host of the compiling host's architecture."""
+library runs on any host of its compiler's target architecture (a compiler named with flags,
+`gcc -march=x86-64-v3`, raises that baseline, and the record says so)."""
 
 
 def compiler() -> str | None:
@@ -46,34 +51,38 @@ _built: dict[str, Packed] = {}
 builds each set of units once."""
 
 
-def build(units: list[str], say: Callable[[str], None]) -> Packed | None:
-    """Compile `units` into a shared library record; None (with a warning) when that cannot be done.
+def build(units: list[str], say: Callable[[str], None], cc: str | None = None) -> Packed | None:
+    """Compile `units` with `cc` (None: `compiler()`) into a shared library record for that
+    compiler's target.
 
-    A model without its native library still runs, on the built-in numpy kernels, so a missing or
-    failing C compiler costs speed, never the compile.
+    A model without its native library still runs, on the built-in numpy kernels, so when no
+    compiler was named a missing or failing one costs speed (a warning), never the compile. A
+    compiler that was named must be there and must build: otherwise CompileError, with its message.
     """
     if not units:
         return None
-    cc = compiler()
+    named, cc = cc is not None, cc or compiler()
     if cc is None:
         warnings.warn("omrt compile: no C compiler found (set CC or install cc); the model is compiled "
                       f"without native kernels ({', '.join(units)}) and runs on numpy kernels only",
                       RuntimeWarning, stacklevel=3)
         return None
+    if named and not (cc.split() and shutil.which(cc.split()[0])):
+        raise CompileError(f"cc={cc!r}: no such C compiler on the PATH; install it or name another")
     key = hashlib.sha256(repr((cc, FLAGS, units)).encode())
     for name in sorted(os.listdir(SOURCES)):
         with open(os.path.join(SOURCES, name), "rb") as f:
             key.update(name.encode() + f.read())
     hit = _built.get(key.hexdigest())
     if hit is None:
-        hit = _compile(cc, units, say)
+        hit = _compile(cc, units, say, named)
         if hit is None:
             return None
         _built[key.hexdigest()] = hit
     return dataclasses.replace(hit)
 
 
-def _compile(cc: str, units: list[str], say: Callable[[str], None]) -> Packed | None:
+def _compile(cc: str, units: list[str], say: Callable[[str], None], named: bool) -> Packed | None:
     say(f"building native kernels ({', '.join(units)}) with {cc}")
     sources = [os.path.join(SOURCES, f"{u}.c") for u in [CORE, *units]]
     with tempfile.TemporaryDirectory(prefix="omrt-build-") as tmp:
@@ -86,11 +95,30 @@ def _compile(cc: str, units: list[str], say: Callable[[str], None]) -> Packed | 
             error = str(e)
         if done is None or done.returncode != 0:
             error = done.stderr.strip() if done is not None else error
+            if named:
+                raise CompileError(f"building native kernels with {cc} failed:\n{' '.join(cmd)}\n{error}")
             warnings.warn(f"omrt compile: building native kernels failed, the model runs on numpy "
                           f"kernels only:\n{' '.join(cmd)}\n{error}", RuntimeWarning, stacklevel=4)
             return None
         with open(target, "rb") as f:
             data = f.read()
-    return Packed(NATIVE, "omrt-native", "omrt",
-                  {**host_target(), "units": units, "compiler": _compiler_version(cc),
-                   "python": platform.python_version()}, data)
+    return Packed(NATIVE, "omrt-native", "omrt", describe(cc, units, data), data)
+
+
+def describe(cc: str, units: list[str], data: bytes) -> dict:
+    """The target of a library `cc` built from `units`: what omrt, kernel ABI and compiler made
+    it, the machine, OS and C library its compiler targets (the host's when the compiler does
+    not tell its triple), the newest glibc its symbols need, and the CPU features it may use."""
+    argv = cc.split()
+    triple = probe.triple(argv)
+    meant = parse_triple(triple) if triple else {}
+    ident = elf.identity(data)
+    libc = meant.get("libc", "") if triple else host()["libc"]
+    return {"omrt": __version__, "abi": kernel_abi(), "units": units, "compiler": _compiler_version(cc),
+            "triple": triple, "os": meant.get("os") or host()["os"],
+            "machine": meant.get("machine") or (elf.machine_name(ident[2]) if ident else ""),
+            "elf_machine": ident[2] if ident else 0,
+            "libc": libc, "libc_version": elf.glibc_needed(data) if libc == "glibc" else "",
+            "cpu": {"baseline": probe.baseline(argv, FLAGS), "features": probe.features(argv, FLAGS),
+                    "clones": probe.clones(argv, FLAGS)},
+            "python": platform.python_version()}

@@ -1,10 +1,9 @@
 """Custom operators' C kernels: the ABI of `csrc/omrt_custom.h`, building a source with the host's
-compiler, finding an entry point in a shared library, loading a library once per process by
-content, and calling an entry point with every tensor checked first.
+compiler, finding an entry point in a shared library, and calling an entry point with every tensor checked first.
 
 A library is a KERNELS record of kind 4. Its target states the custom ABI (`CUSTOM_ABI`), the
 OS, machine and C library it was built for, and the entry points the model's operators call; at
-load it is checked like omrt's own library (`loader.host_mismatch`) and its entry points are
+load it is checked like omrt's own library (`target.host_mismatch`) and its entry points are
 looked up in its ELF symbol table before it is ever loaded.
 """
 
@@ -14,10 +13,8 @@ import ctypes
 import hashlib
 import os
 import platform
-import struct
 import subprocess
 import tempfile
-import threading
 from typing import Iterable, Sequence
 
 import numpy as np
@@ -26,7 +23,8 @@ from ..errors import CompileError, KernelError
 from ..format.kernelstore import NATIVE_OP, Packed
 from . import build
 from .library import CUSTOM_HEADER, SOURCES
-from .loader import _from_memory, elf_identity, host_mismatch, host_target
+from .elf import exported_functions
+from .target import host, host_mismatch
 
 INCLUDE = SOURCES
 """The folder holding `omrt_custom.h`: `-I` it to build a custom operator's library yourself."""
@@ -166,7 +164,7 @@ def library_target(data: bytes, symbols: Iterable[str], compiler: str, where: st
         raise CompileError(f"{where}: the library has no entry point {missing[0]!r} (it exports "
                            f"{', '.join(sorted(exported)) or 'no function'}); export it with OMRT_EXPORT, or "
                            f"name the function it has with symbol=")
-    target = {k: v for k, v in host_target().items() if k != "abi"}
+    target = dict(host())
     target.update(custom_abi=CUSTOM_ABI, symbols=sorted(set(symbols)), compiler=compiler,
                   python=platform.python_version())
     why = host_mismatch(Packed(NATIVE_OP, "", "", target, data))
@@ -192,71 +190,3 @@ def mismatch(record: Packed) -> str | None:
     return f"it has no entry point {missing[0]!r}" if missing else None
 
 
-_libraries: dict[bytes, ctypes.CDLL] = {}
-_counts = {"loaded": 0, "reused": 0}
-_lock = threading.Lock()
-
-
-def load_library(data: bytes) -> ctypes.CDLL:
-    """A custom operators' library loaded from memory: the same bytes are loaded once per process,
-    whichever models carry them (deduplicated by content, as the seed does for custom libraries)."""
-    key = hashlib.sha256(data).digest()
-    with _lock:
-        library = _libraries.get(key)
-        if library is None:
-            library = _libraries[key] = _from_memory(data)
-            _counts["loaded"] += 1
-        else:
-            _counts["reused"] += 1
-        return library
-
-
-def stats() -> dict[str, int]:
-    """How many custom operator libraries this process loaded ("loaded": dlopen calls), and how
-    many times a model found its library's bytes loaded already ("reused")."""
-    with _lock:
-        return dict(_counts)
-
-
-# ----------------------------------------------------------------------------- ELF symbol tables
-
-_SHT_DYNSYM = 11
-_STT_FUNC = 2
-_STB_GLOBAL, _STB_WEAK = 1, 2
-
-
-def exported_functions(data: bytes) -> set[str]:
-    """The names of the functions an ELF shared library exports (its dynamic symbol table), read
-    without loading it; ValueError when `data` is not an ELF file or a table runs out of bounds."""
-    if elf_identity(data) is None:
-        raise ValueError("no ELF header")
-    wide, order = data[4] == 2, "<" if data[5] == 1 else ">"
-    try:
-        if wide:
-            shoff, = struct.unpack_from(order + "Q", data, 0x28)
-            shentsize, shnum = struct.unpack_from(order + "HH", data, 0x3A)
-            section, symbol = struct.Struct(order + "IIQQQQIIQQ"), struct.Struct(order + "IBBHQQ")
-        else:
-            shoff, = struct.unpack_from(order + "I", data, 0x20)
-            shentsize, shnum = struct.unpack_from(order + "HH", data, 0x2E)
-            section, symbol = struct.Struct(order + "IIIIIIIIII"), struct.Struct(order + "IIIBBH")
-        sections = [section.unpack_from(data, shoff + i * shentsize) for i in range(shnum)]
-        names: set[str] = set()
-        for s in (s for s in sections if s[1] == _SHT_DYNSYM):
-            offset, size, link = s[4], s[5], s[6]
-            strtab = sections[link]
-            for at in range(offset, offset + size - symbol.size + 1, symbol.size):
-                fields = symbol.unpack_from(data, at)
-                name, info, shndx = fields[0], (fields[1] if wide else fields[3]), (fields[3] if wide else fields[5])
-                if shndx and info & 0xF == _STT_FUNC and info >> 4 in (_STB_GLOBAL, _STB_WEAK):
-                    names.add(_string(data, strtab[4] + name, strtab[4] + strtab[5]))
-    except (struct.error, IndexError) as e:
-        raise ValueError(f"its section or symbol table is cut short: {e}") from None
-    return names
-
-
-def _string(data: bytes, start: int, end: int) -> str:
-    stop = data.find(b"\0", start, end)
-    if start >= end or stop < 0:
-        raise ValueError("a symbol name lies outside its string table")
-    return data[start:stop].decode("utf-8", "replace")

@@ -1,9 +1,15 @@
-"""Packed native libraries at load: the host check, and loading from memory.
+"""Packed native libraries at load: which record runs on this host, loading it from memory once
+per process, and counting.
 
-A record is used only when the model is trusted (`omrt.runtime.trust`) and the host matches
-its target (ELF class and machine, OS, kernel ABI, C library); it is then loaded from an anonymous
-in-memory file, never written to disk, once per process for the same bytes, and handed to that
-model's kernels only.
+A record runs only when the model is trusted (`omrt.runtime.trust`: `trust_kernels=True`, or a
+signature by a trusted key) and the host matches its target (`target.mismatch`). A file may carry built-in libraries for several targets:
+`choose` keeps those this host can run, best first, and says in each other record's status why
+it was skipped. The chosen library is loaded from an anonymous in-memory file, never written to
+disk, and handed to that model's kernels only.
+
+Loaded libraries are shared by the whole process, under one of two strategies (`dedupe_key`):
+built-in libraries (kind 1) by name and version, custom ones by content. `stats()` counts the
+loads and reuses of each.
 """
 
 from __future__ import annotations
@@ -11,114 +17,119 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import os
-import platform
-import struct
-import sys
 import threading
 import warnings
 
 from ..format.kernelstore import NATIVE, Packed
-from .library import Library, kernel_abi
+from .bindings import USE_BLAS
+from .library import Library
+from .target import label, mismatch
 
+NOT_TRUSTED = "not trusted: load with trust_kernels=True to run it"
 
-def elf_identity(data: bytes) -> tuple[int, int, int] | None:
-    """(class, byte order, machine) from an ELF header, or None when `data` is not ELF."""
-    if len(data) < 20 or data[:4] != b"\x7fELF":
-        return None
-    order = "<" if data[5] == 1 else ">"
-    return data[4], data[5], struct.unpack_from(order + "H", data, 18)[0]
-
-
-def _host_elf() -> tuple[int, int, int] | None:
-    try:
-        with open(sys.executable, "rb") as f:
-            return elf_identity(f.read(20))
-    except OSError:
-        return None
-
-
-def host_target() -> dict:
-    """The target a library built on this host declares (and that a loading host must match)."""
-    libc, version = platform.libc_ver()
-    return {"os": platform.system(), "machine": platform.machine(), "abi": kernel_abi(),
-            "libc": libc, "libc_version": version}
-
-
-def _version(text: str) -> tuple[int, ...]:
-    return tuple(int(p) for p in text.split(".") if p.isdigit())
-
-
-def mismatch(record: Packed) -> str | None:
-    """Why this host cannot run the record, or None when it can."""
-    if record.kind != NATIVE:
-        return f"kind {record.kind} is not one this omrt runs"
-    if record.target.get("abi") != kernel_abi():
-        return f"built for kernel ABI {record.target.get('abi')}, this omrt has {kernel_abi()}"
-    return host_mismatch(record)
-
-
-def host_mismatch(record: Packed) -> str | None:
-    """Why this host cannot load the record's shared library at all (OS, ELF class, byte order and
-    machine, C library, loading from memory), or None when it can."""
-    host, want = host_target(), record.target
-    if want.get("os") != host["os"]:
-        return f"built for {want.get('os')}, this host runs {host['os']}"
-    elf, here = elf_identity(record.data), _host_elf()
-    if elf is None:
-        return "not an ELF shared library"
-    if here is None or elf != here:
-        return f"ELF class/byte order/machine {elf} differ from this Python's {here}"
-    if want.get("libc") and (want["libc"] != host["libc"]
-                             or _version(want.get("libc_version", "")) > _version(host["libc_version"])):
-        return (f"needs {want['libc']} {want.get('libc_version')}, this host has "
-                f"{host['libc'] or 'another C library'} {host['libc_version']}")
-    if not hasattr(os, "memfd_create"):
-        return "this OS cannot load a library from memory"
-    return None
-
-
-_loaded: dict[bytes, ctypes.CDLL] = {}
+_loaded: dict[tuple, ctypes.CDLL] = {}
+_counts: dict[str, dict[str, int]] = {"name": {"loads": 0, "reuses": 0}, "content": {"loads": 0, "reuses": 0}}
 _lock = threading.Lock()
 
 
+def dedupe_key(record: Packed) -> tuple[str, tuple]:
+    """(strategy, key) under which a record's library is loaded once per process.
+
+    - "name", for omrt's built-in libraries (kind 1): the record's name and vendor and its
+      version, which is the kernel ABI (a digest of the C sources) with the units built in, for
+      one target (triple) and CPU baseline. Two such records run the same C functions, so the
+      second model reuses the first one's library even when their bytes differ in what does not
+      matter (a build id, another build of the same sources with the same compiler target).
+    - "content", for every other kind (custom operators): the SHA-256 of the bytes, since their
+      names and versions are whatever their authors chose.
+    """
+    if record.kind == NATIVE:
+        target = record.target
+        features = tuple((target.get("cpu") or {}).get("features", []))
+        return "name", (record.name, record.vendor, target.get("abi"), tuple(record.units), label(record), features)
+    return "content", (record.kind, hashlib.sha256(record.data).hexdigest())
+
+
+def stats() -> dict[str, dict[str, int]]:
+    """Libraries this process loaded from model files, per dedupe strategy: {"name": {"loads",
+    "reuses"}, "content": {...}}; a reuse is a model that got a library already loaded."""
+    with _lock:
+        return {strategy: dict(counts) for strategy, counts in _counts.items()}
+
+
 def _from_memory(data: bytes) -> ctypes.CDLL:
-    """dlopen `data` through an anonymous in-memory file; the same bytes load once per process.
+    """dlopen `data` through an anonymous in-memory file.
 
     The file stays open as long as the process: the dynamic loader knows a library by its path,
     and a closed descriptor's number (hence path) would be reused for the next library."""
-    key = hashlib.sha256(data).digest()
+    fd = os.memfd_create("omrt-kernels", getattr(os, "MFD_CLOEXEC", 0))
+    try:
+        with open(fd, "wb", closefd=False) as f:
+            f.write(data)
+        return ctypes.CDLL(f"/proc/self/fd/{fd}")
+    except OSError:
+        os.close(fd)
+        raise
+
+
+def open_library(record: Packed, entry: str) -> ctypes.CDLL:
+    """The record's library, loaded once per process under its `dedupe_key`. It is kept for
+    reuse only when it exports `entry` (the symbol every library of its kind has), so a record
+    that is not what it claims to be is never handed to the next model."""
+    strategy, key = dedupe_key(record)
     with _lock:
-        lib = _loaded.get(key)
-        if lib is None:
-            fd = os.memfd_create("omrt-kernels", getattr(os, "MFD_CLOEXEC", 0))
-            try:
-                with open(fd, "wb", closefd=False) as f:
-                    f.write(data)
-                lib = ctypes.CDLL(f"/proc/self/fd/{fd}")
-            except OSError:
-                os.close(fd)
-                raise
-            _loaded[key] = lib
+        lib = _loaded.get((strategy, key))
+        if lib is not None:
+            _counts[strategy]["reuses"] += 1
+            return lib
+        lib = _from_memory(record.data)
+        _counts[strategy]["loads"] += 1
+        if hasattr(lib, entry):
+            _loaded[(strategy, key)] = lib
         return lib
 
 
-def load(records: list[Packed], trusted: bool, untrusted: str = "not trusted") -> Library | None:
-    """The model's native library from its records (setting each one's status; `untrusted` says
-    why, when the model is not trusted: `Model` gives the reason of its trust decision), or None."""
-    library = None
-    for r in (r for r in records if r.kind == NATIVE):
-        why = untrusted if not trusted else mismatch(r)
-        if why is None and library is not None:
-            why = "a second native library is not supported"
+def choose(records: list[Packed]) -> list[Packed]:
+    """The built-in library records this host can run, best first (the one whose code may use
+    the most CPU features: a library built for x86-64-v3 before one for x86-64); every other
+    record's status says in one line why it is skipped."""
+    fits = []
+    for r in records:
+        why = mismatch(r)
         if why is None:
-            try:
-                library = Library(_from_memory(r.data), frozenset(r.units))
-                r.status = "loaded"
-                continue
-            except OSError as e:
-                why = f"the dynamic loader refused it: {e}"
-        r.status = f"not loaded: {why}"
-        if trusted:
-            warnings.warn(f"omrt: the native library {r.name!r} packed in the model does not load ({why}); "
-                          f"its kernels run on numpy", RuntimeWarning, stacklevel=4)
+            fits.append(r)
+        else:
+            r.status = f"not loaded: {why}"
+    return sorted(fits, key=lambda r: -len((r.target.get("cpu") or {}).get("features", [])))
+
+
+def load(records: list[Packed], trusted: bool, untrusted: str = NOT_TRUSTED) -> Library | None:
+    """The model's built-in native library from its records (setting each one's status), or None;
+    `untrusted` is the status of every record when the model is not trusted (`Model` gives the
+    reason of its trust decision). Records of other kinds are left to their own loaders.
+
+    Of the built-in library records that fit this host the best one that loads is used; with
+    none, a trusted file warns once per record with its reason, and the model runs on numpy."""
+    native = [r for r in records if r.kind == NATIVE]
+    if not trusted:
+        for r in native:
+            r.status = f"not loaded: {untrusted}"
+        return None
+    library, chosen = None, None
+    for r in choose(native):
+        if chosen is not None:
+            baseline = (chosen.target.get("cpu") or {}).get("baseline")
+            r.status = (f"not loaded: {chosen.name} for {label(chosen)}{f' ({baseline})' if baseline else ''} "
+                        f"was chosen for this host")
+            continue
+        try:
+            library, chosen = Library(open_library(r, USE_BLAS.symbol), frozenset(r.units)), r
+            r.status = "loaded"
+        except OSError as e:
+            r.status = f"not loaded: the dynamic loader refused it: {e}"
+    if library is None:
+        for r in native:
+            warnings.warn(f"omrt: the native library {r.name!r} for {label(r)} packed in the model does not load "
+                          f"({r.status.removeprefix('not loaded: ')}); its kernels run on numpy",
+                          RuntimeWarning, stacklevel=4)
     return library

@@ -25,6 +25,7 @@ from ..ir import Graph, all_graphs
 from ..kernels.base import Kernel
 from ..kernels.custom import NATIVE, PYTHON, CustomImpl, kernel_class, python_function, shape_function
 from ..native import custom as native_custom
+from ..native.loader import open_library
 
 DEBUG_ENV = "OMRT_CHECK_CUSTOM_OPS"
 """Set to 1 to check every custom kernel's writes in every model loaded (`CustomOps.debug`)."""
@@ -132,7 +133,7 @@ def _kernel(entry: OpEntry, record: Packed, trusted: bool, label: str) -> tuple[
     why = native_custom.mismatch(record)
     if why is None:
         try:
-            return native_custom.Entry(native_custom.load_library(record.data), entry.symbol), ""
+            return native_custom.Entry(open_library(record, entry.symbol), entry.symbol), ""
         except (OSError, AttributeError, OmrtError) as e:
             why = f"the dynamic loader refused its library: {e}"
     warnings.warn(f"omrt: {label} cannot run on this host ({why})", RuntimeWarning, stacklevel=5)

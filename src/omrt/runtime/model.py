@@ -15,10 +15,11 @@ from ..errors import AllocationError, FormatError, InputError
 from ..format import OmFile, Part
 from ..format.container import Source
 from ..format.customops import decode as decode_custom_ops
-from ..format.kernelstore import Packed, unpack
+from ..format.kernelstore import NATIVE, Packed, unpack
 from ..format.modeldef import decode, decode_program
 from ..ir import Graph
 from ..memory import Memory
+from ..native.library import kernel_abi
 from ..native.loader import load as load_kernels
 from ..plan import Program, lower, specialize
 from ..plan import verify as verify_program
@@ -48,6 +49,19 @@ def check_environment(env: dict, where: str) -> None:
         raise FormatError(f"{where} was compiled by omrt {env['omrt']}, newer than this omrt "
                           f"{__version__}: upgrade omrt (pip install -U omrt) or compile the model with "
                           f"this one")
+
+
+def environment_notes(env: dict, kernels: Sequence[Packed]) -> list[str]:
+    """What the ENV partition explains that is no reason to refuse the file: a model compiled by
+    an omrt whose kernel ABI differs from this one's, with no native library of this ABI packed,
+    runs on numpy kernels (each record's status says so too; this says why, and what to do)."""
+    written = env.get("kernel_abi")
+    native = [k for k in kernels if k.kind == NATIVE]
+    if not native or written == kernel_abi() or any(k.target.get("abi") == kernel_abi() for k in native):
+        return []
+    return [f"compiled by omrt {env.get('omrt')} with kernel ABI {written}; this omrt {__version__} has "
+            f"{kernel_abi()}: its packed native libraries cannot run here, the model runs on numpy kernels: "
+            f"recompile it with this omrt (or omrt repack --add a library it built)"]
 
 
 def _signature_key(shapes: Mapping[str, Sequence[int]]) -> tuple:
@@ -84,6 +98,8 @@ class Model:
         check_environment(self.env, self.path)
         self.kernels: list[Packed] = unpack(memoryview(self._file.read(Part.KERNELS)), self.path)
         """The packed kernels, each with its load status."""
+        self.compatibility = environment_notes(self.env, self.kernels)
+        """Why packed code cannot run here, as far as the ENV partition tells (one line each)."""
         self.trust = decide_trust(self._file, trust_kernels, trusted_keys, require_signature)
         """Whether the file's packed code may run, and why (`bool(model.trust)`, `str(model.trust)`):
         the one decision every loader of packed code takes."""
