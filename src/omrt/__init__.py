@@ -22,13 +22,17 @@ if TYPE_CHECKING:
 
 def compile(model: Any, output: str | os.PathLike, shapes: Mapping[str, Sequence[int]] | None = None,
             progress: Any = None, native: bool = True,
-            shapes_for: Sequence[Mapping[str, Sequence[int]]] = ()) -> "CompileResult":
+            shapes_for: Sequence[Mapping[str, Sequence[int]]] = (), autofuse: bool = True) -> "CompileResult":
     """Compile an ONNX model (path, bytes or ModelProto) into the `.om` file `output`; `native`
     packs the C kernels its ops can use (see `omrt.load(..., trust_kernels=True)`); `shapes_for`
-    lists input signatures of a symbolic model to plan now rather than at run time."""
+    lists input signatures of a symbolic model to plan now rather than at run time; `autofuse`
+    (on by default, when `native` and a C compiler are there) fuses elementwise chains into
+    generated C kernels that run where the native kernels do, with their unfused nodes kept in
+    the file for every other case."""
     from .compiler import compile_model
 
-    return compile_model(model, output, shapes=shapes, progress=progress, native=native, shapes_for=shapes_for)
+    return compile_model(model, output, shapes=shapes, progress=progress, native=native, shapes_for=shapes_for,
+                         autofuse=autofuse)
 
 
 __all__ = ["AllocationError", "BindError", "CompileError", "FormatError", "IOSpec", "InputError", "KernelError",

@@ -22,6 +22,7 @@ from ..kernels import lookup
 from ..native.library import kernel_abi
 from ..native import build
 from ..plan import Program, lower, propagate, specialize
+from .autofuse import Fused, autofuse as fuse_chains
 from .importer import import_model, load_model
 from .passes import optimize, use_winograd
 from .typecheck import check_types
@@ -39,6 +40,8 @@ class CompileResult:
     graph: Graph
     seconds: float
     stored: list[Program] = field(default_factory=list)
+    fused: list[Fused] = field(default_factory=list)
+    """The chains fused into generated kernels (empty with autofuse=False or without a C compiler)."""
 
 
 def _environment() -> dict[str, str]:
@@ -69,12 +72,17 @@ def native_units(graph: Graph) -> list[str]:
     return sorted(units)
 
 
-def _native_library(graph: Graph, say: Callable[[str], None]) -> Packed | None:
-    """The native library record for `graph`, after the rewrites that pay only with it (when a C
-    compiler is there to build it)."""
+def _native_records(graph: Graph, say: Callable[[str], None], autofuse: bool) -> tuple[list[Packed], list[Fused]]:
+    """The native library record for `graph` and, with `autofuse`, its fused kernels' record, after
+    the rewrites that pay only with them (when a C compiler is there to build them)."""
+    records, fused = [], []
     if build.compiler() is not None:
         use_winograd(graph)
-    return build.build(native_units(graph), say)
+        if autofuse:
+            record, fused = fuse_chains(graph, say)
+            records += [record] if record is not None else []
+    library = build.build(native_units(graph), say)
+    return ([library] if library is not None else []) + records, fused
 
 
 def _plan_for(graph: Graph, signature: Mapping[str, Sequence[int]], say: Callable[[str], None]) -> Program:
@@ -97,11 +105,13 @@ def _plan_for(graph: Graph, signature: Mapping[str, Sequence[int]], say: Callabl
 
 def compile_model(model: Any, output: str | os.PathLike, shapes: Mapping[str, Sequence[int]] | None = None,
                   progress: Callable[[str], None] | None = None, native: bool = True,
-                  shapes_for: Sequence[Mapping[str, Sequence[int]]] = ()) -> CompileResult:
+                  shapes_for: Sequence[Mapping[str, Sequence[int]]] = (), autofuse: bool = True) -> CompileResult:
     """Compile `model` into `output`; on any failure nothing is written.
 
     `native` packs the C kernels the model's ops can use (built with the host's C compiler; see
     `omrt.native`); without them, or without a compiler, the model runs on numpy kernels.
+    `autofuse` (with `native`) also fuses chains of elementwise ops, and elementwise ops with
+    reductions over trailing axes, into generated C kernels (omrt.compiler.autofuse).
     `shapes_for` lists input signatures of a model with symbolic dims to plan now, into the
     PLANS partition: loading the model then plans nothing at run time for them.
     """
@@ -116,13 +126,12 @@ def compile_model(model: Any, output: str | os.PathLike, shapes: Mapping[str, Se
     check_types(graph)
     say("fusing")
     optimize(graph)
-    library = _native_library(graph, say) if native else None
+    records, fused = _native_records(graph, say, autofuse) if native else ([], [])
     program = None
     if all(graph.infos[v].static for v in graph.inputs if graph.infos[v].is_tensor):
         say("planning memory")
         program = lower(graph)
     stored = [_plan_for(graph, signature, say) for signature in shapes_for]
-    records = [library] if library is not None else []
     constants = weights(graph)
     layout = weight_layout(constants)
     weights_bytes = sum(n for _, n in layout.values())
@@ -139,4 +148,5 @@ def compile_model(model: Any, output: str | os.PathLike, shapes: Mapping[str, Se
         (Part.PLANS, lambda sink: sink(plans)),
         (Part.ENV, lambda sink: sink(env)),
     ], flags=kinds_flag(records), progress=say)
-    return CompileResult(os.fspath(output), size, weights_bytes, program, graph, time.perf_counter() - t0, stored)
+    return CompileResult(os.fspath(output), size, weights_bytes, program, graph, time.perf_counter() - t0, stored,
+                         fused)

@@ -1,7 +1,8 @@
 """The KERNELS partition: a count, then records of packed kernels with their kind, name, vendor,
 target and bytes.
 
-A record is a native shared library (kind 1) that `omrt compile` built from omrt's C units.
+A record is a native shared library (kind 1) that `omrt compile` built from omrt's C units, or
+the library of fused kernels it generated for the model's elementwise chains (kind 3).
 Whether and how a record runs on this host is `omrt.native.loader`'s business.
 """
 
@@ -16,8 +17,10 @@ from ..errors import FormatError
 RECORD = struct.Struct("<IHHHHIQ")
 RECORD_MAGIC = 0x4B4D524F
 NATIVE = 1
-"""Record kind of a native shared library (2 Python source and 3 generated fused kernels are
-reserved, not written yet)."""
+"""Record kind of a native shared library (2 Python source is reserved, not written yet)."""
+FUSED = 3
+"""Record kind of the generated fused kernels (autofuse): a shared library whose target lists
+each kernel's guard."""
 
 
 @dataclass

@@ -33,7 +33,7 @@ def compiler() -> str | None:
     return None
 
 
-def _compiler_version(cc: str) -> str:
+def compiler_version(cc: str) -> str:
     try:
         out = subprocess.run(cc.split() + ["--version"], capture_output=True, text=True, timeout=30)
         return out.stdout.splitlines()[0] if out.stdout else cc
@@ -75,10 +75,23 @@ def build(units: list[str], say: Callable[[str], None]) -> Packed | None:
 
 def _compile(cc: str, units: list[str], say: Callable[[str], None]) -> Packed | None:
     say(f"building native kernels ({', '.join(units)}) with {cc}")
-    sources = [os.path.join(SOURCES, f"{u}.c") for u in [CORE, *units]]
+    data = shared_library(cc, [os.path.join(SOURCES, f"{u}.c") for u in [CORE, *units]], "native kernels",
+                          "on numpy kernels only")
+    if data is None:
+        return None
+    return Packed(NATIVE, "omrt-native", "omrt",
+                  {**host_target(), "units": units, "compiler": compiler_version(cc),
+                   "python": platform.python_version()}, data)
+
+
+def shared_library(cc: str, sources: list[str], what: str, instead: str, extra: tuple[str, ...] = ()
+                   ) -> bytes | None:
+    """The bytes of a shared library `cc` builds from `sources` (with csrc/ on the include path,
+    FLAGS and the `extra` flags); None when it fails, with a warning that shows the command, the
+    compiler's message and what the model does `instead`."""
     with tempfile.TemporaryDirectory(prefix="omrt-build-") as tmp:
         target = os.path.join(tmp, "kernels.so")
-        cmd = cc.split() + FLAGS + ["-I", SOURCES, "-o", target] + sources + ["-lm"]
+        cmd = cc.split() + FLAGS + list(extra) + ["-I", SOURCES, "-o", target] + sources + ["-lm"]
         try:
             done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
         except (OSError, subprocess.SubprocessError) as e:
@@ -86,11 +99,8 @@ def _compile(cc: str, units: list[str], say: Callable[[str], None]) -> Packed | 
             error = str(e)
         if done is None or done.returncode != 0:
             error = done.stderr.strip() if done is not None else error
-            warnings.warn(f"omrt compile: building native kernels failed, the model runs on numpy "
-                          f"kernels only:\n{' '.join(cmd)}\n{error}", RuntimeWarning, stacklevel=4)
+            warnings.warn(f"omrt compile: building {what} failed, the model runs {instead}:\n"
+                          f"{' '.join(cmd)}\n{error}", RuntimeWarning, stacklevel=5)
             return None
         with open(target, "rb") as f:
-            data = f.read()
-    return Packed(NATIVE, "omrt-native", "omrt",
-                  {**host_target(), "units": units, "compiler": _compiler_version(cc),
-                   "python": platform.python_version()}, data)
+            return f.read()

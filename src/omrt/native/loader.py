@@ -17,7 +17,7 @@ import sys
 import threading
 import warnings
 
-from ..format.kernelstore import NATIVE, Packed
+from ..format.kernelstore import FUSED, NATIVE, Packed
 from .library import Library, kernel_abi
 
 
@@ -50,7 +50,7 @@ def _version(text: str) -> tuple[int, ...]:
 
 def mismatch(record: Packed) -> str | None:
     """Why this host cannot run the record, or None when it can."""
-    if record.kind != NATIVE:
+    if record.kind not in (NATIVE, FUSED):
         return f"kind {record.kind} is not one this omrt runs"
     host, want = host_target(), record.target
     if want.get("abi") != kernel_abi():
@@ -97,9 +97,12 @@ def _from_memory(data: bytes) -> ctypes.CDLL:
 
 
 def load(records: list[Packed], trusted: bool) -> Library | None:
-    """The model's native library from its records (setting each one's status), or None."""
+    """The model's native library from its records (setting each one's status), or None; its
+    fused kernels, when the file packs them and they load, as `Library.fused`."""
     library = None
     for r in records:
+        if r.kind == FUSED:
+            continue
         why = "not trusted: load with trust_kernels=True to run it" if not trusted else mismatch(r)
         if why is None and library is not None:
             why = "a second native library is not supported"
@@ -114,4 +117,30 @@ def load(records: list[Packed], trusted: bool) -> Library | None:
         if trusted:
             warnings.warn(f"omrt: the native library {r.name!r} packed in the model does not load ({why}); "
                           f"its kernels run on numpy", RuntimeWarning, stacklevel=4)
+    for r in records:
+        if r.kind == FUSED:
+            _load_fused(r, library, trusted)
     return library
+
+
+def _load_fused(record: Packed, library: Library | None, trusted: bool) -> None:
+    """Attach the fused kernels of `record` to the model's native library when they may run; where
+    they do not, the chains run unfused (their sub-graphs), and the status says why."""
+    from .fused import FusedLibrary
+
+    why = "not trusted: load with trust_kernels=True to run it" if not trusted else mismatch(record)
+    if why is None and library is None:
+        why = "the model's native library is not loaded, and fused kernels run on its worker pool"
+    if why is None and library.fused is not None:
+        why = "a second fused library is not supported"
+    if why is None:
+        try:
+            library.fused = FusedLibrary(_from_memory(record.data), record, library)
+            record.status = "loaded"
+            return
+        except OSError as e:
+            why = f"the dynamic loader refused it: {e}"
+    record.status = f"not loaded: {why}; the fused chains run unfused"
+    if trusted:
+        warnings.warn(f"omrt: the fused kernels {record.name!r} packed in the model do not load ({why}); "
+                      f"their chains run unfused", RuntimeWarning, stacklevel=4)

@@ -1,0 +1,66 @@
+"""omrt::AutoFused: a chain of elementwise operators (ending, maybe, in reductions) that the
+compiler fused into one generated C function (omrt.compiler.autofuse).
+
+The node keeps the chain's original nodes as its sub-graph `body`, and its C function's name and
+guard (the dtypes, shapes and layout it was generated for). The C function runs when the model's
+fused kernels are loaded (trusted file, host that loads them) and the arrays of this call meet
+the guard; otherwise, a guard miss, the body runs node by node on the built-in kernels, with the
+same results within float rounding.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import parallel
+from .base import Kernel, register
+
+BODY = "body"
+"""The attribute holding the unfused chain."""
+
+
+def _meets(arrays, spec) -> bool:
+    """True when every array has the guard's dtype and shape and is C-contiguous."""
+    return len(arrays) == len(spec) and all(
+        type(a) is np.ndarray and a.dtype.str == dt and a.shape == tuple(shape) and a.flags.c_contiguous
+        for a, (dt, shape) in zip(arrays, spec))
+
+
+@register("AutoFused", domain="omrt")
+class AutoFused(Kernel):
+    """The fused chain: its generated C function under its guard, else its unfused sub-graph."""
+
+    native_units = ("elementwise",)
+    """Not for a function of that unit: the generated kernels run on the worker pool of the native
+    library, which is built (with any unit) only when some kernel asks for one."""
+
+    @classmethod
+    def infer(cls, ctx, inputs):
+        return ctx.subgraphs[BODY].infer(inputs, [])
+
+    def __init__(self, ctx, inputs, outputs):
+        super().__init__(ctx, inputs, outputs)
+        self.body = ctx.subgraphs[BODY]
+        self.guard = ctx.attr("guard") or {}
+        self.symbol = ctx.attr("kernel", "")
+        self.fused = None
+        """The checked C function, when the fused kernels are loaded and the planned shapes meet
+        the guard; None runs the body."""
+        library = getattr(ctx.native, "fused", None)
+        planned = [(i.dtype.str, list(i.shape)) for i in inputs if i is not None]
+        made = [(o.dtype.str, list(o.shape)) for o in outputs if o is not None]
+        spec = [(dt, list(s)) for dt, s in self.guard.get("inputs", [])]
+        out_spec = [(dt, list(s)) for dt, s in self.guard.get("outputs", [])]
+        if library is not None and planned == spec and made == out_spec:
+            self.fused = library.get(self.symbol, self.guard)
+        self.nbytes = sum(int(np.prod(s, dtype=np.int64)) * 4 for _, s in out_spec)
+
+    def run(self, inputs, outputs, workspace):
+        guard = self.guard
+        if (self.fused is not None and _meets(inputs, guard["inputs"]) and _meets(outputs, guard["outputs"])
+                and all(o.flags.writeable for o in outputs)):
+            self.fused(*inputs, *outputs, parallel.native_threads(nbytes=self.nbytes))
+            return
+        results = self.body.run(list(inputs), [])
+        for out, value in zip(outputs, results):
+            np.copyto(out, value, casting="no")

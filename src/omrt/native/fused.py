@@ -1,0 +1,107 @@
+"""Generated fused kernels: the KERNELS record of kind 3, built at compile time, loaded at run time.
+
+`omrt compile` finds a model's elementwise chains (omrt.compiler.autofuse), writes one C function
+per chain (`fusegen`) and builds them all into one shared library with the same compiler and
+flags as the native kernels (`build`). The record's target lists each function's guard: the
+dtypes, shapes and layout of the arrays it was generated for. At load the record runs under the
+model's one trust decision and the native library's host checks, and only beside the native
+library, whose worker pool it borrows; each call is checked against its guard first.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import tempfile
+from typing import Any, Callable
+
+import numpy as np
+
+from ..format.kernelstore import FUSED, Packed
+from .fusegen import Chain, library_source
+from .library import Bound, Library
+from .signature import Address, Array, Function, Int
+
+UNIT = "fused"
+USE_POOL = Function(UNIT, "omrt_fused_use_pool", (Address("pool"),))
+"""Hands the library the native library's worker pool (csrc/omrt_fused.h)."""
+
+EXTRA_FLAGS = ("-fno-trapping-math",)
+"""Beside the native kernels' flags: lets the compiler turn the chains' comparisons (Clip, Relu,
+Max) into vector selects, so every loop vectorizes; no result changes, only FP exception flags."""
+
+LAYOUT = "C-contiguous"
+"""The only layout generated kernels read and write: every array dense, row-major."""
+
+
+def guard(inputs: list[tuple[np.dtype, tuple[int, ...]]], outputs: list[tuple[np.dtype, tuple[int, ...]]]
+          ) -> dict:
+    """The guard of a fused kernel: what each of its arrays must be for its code to run."""
+    return {"inputs": [[np.dtype(d).str, list(s)] for d, s in inputs],
+            "outputs": [[np.dtype(d).str, list(s)] for d, s in outputs], "layout": LAYOUT}
+
+
+def contract(symbol: str, spec: dict) -> Function:
+    """The checked C signature of the fused kernel `symbol` with guard `spec`: every array float32,
+    C-contiguous and exactly the size its guard gives, then the thread count."""
+    def floats(shape: list[int]) -> str:
+        return str(int(np.prod(shape, dtype=np.int64)))
+
+    args = [Array(f"in{k}", floats(s)) for k, (_, s) in enumerate(spec["inputs"])]
+    args += [Array(f"out{k}", floats(s), write=True) for k, (_, s) in enumerate(spec["outputs"])]
+    return Function(UNIT, symbol, (*args, Int("threads", 1)))
+
+
+def build(chains: list[Chain], guards: dict[str, dict], say: Callable[[str], None]) -> Packed | None:
+    """The kind-3 record holding every chain's function, or None (with a warning) when it cannot be
+    built: the chains then stay unfused."""
+    from . import build as native_build
+    from .loader import host_target
+
+    cc = native_build.compiler()
+    if cc is None or not chains:
+        return None
+    say(f"building {len(chains)} fused kernels with {cc}")
+    text = library_source(chains)
+    with tempfile.TemporaryDirectory(prefix="omrt-fused-") as tmp:
+        path = os.path.join(tmp, "fused.c")
+        with open(path, "w") as f:
+            f.write(text)
+        data = native_build.shared_library(cc, [path], "fused kernels", "its chains unfused", EXTRA_FLAGS)
+    if data is None:
+        return None
+    target = {**host_target(), "units": [UNIT], "compiler": native_build.compiler_version(cc),
+              "source_sha256": hashlib.sha256(text.encode()).hexdigest(), "kernels": guards}
+    return Packed(FUSED, "omrt-fused", "omrt", target, data)
+
+
+class FusedLibrary:
+    """A model's loaded fused kernels: each function bound to its guard's contract."""
+
+    def __init__(self, cdll: ctypes.CDLL, record: Packed, native: Library) -> None:
+        self._cdll = cdll
+        self.guards: dict[str, dict] = dict(record.target.get("kernels", {}))
+        missing = [s for s in [USE_POOL.symbol, *self.guards] if not hasattr(cdll, s)]
+        if missing:
+            raise OSError(f"not omrt's fused kernels: it lacks {', '.join(missing[:3])}")
+        use_pool = getattr(cdll, USE_POOL.symbol)
+        use_pool.argtypes, use_pool.restype = USE_POOL.argtypes, None
+        use_pool(*USE_POOL.check([native.pool_address()]))
+        self._bound: dict[str, Bound] = {}
+
+    def get(self, symbol: str, spec: Any) -> Bound | None:
+        """The checked function of `symbol` when the library holds it with this very guard."""
+        if self.guards.get(symbol) != spec:
+            return None
+        hit = self._bound.get(symbol)
+        if hit is None:
+            fn = contract(symbol, spec)
+            cfunc = getattr(self._cdll, symbol)
+            cfunc.argtypes, cfunc.restype = fn.argtypes, None
+            hit = self._bound[symbol] = Bound(fn, cfunc)
+        return hit
+
+    def calls(self) -> dict[str, int]:
+        """symbol -> how many times this model ran it."""
+        return {symbol: bound.calls for symbol, bound in self._bound.items() if bound.calls}
