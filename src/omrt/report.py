@@ -6,6 +6,7 @@ import html
 from collections import Counter
 
 from .format import Part
+from .kernels.fused import BODY, intermediate_bytes, is_fused
 from .plan import Program, picture
 from .plan.stream import StreamPlan
 from .runtime import Model
@@ -41,6 +42,7 @@ def describe(model: Model, plan: bool = False) -> str:
     lines.append(f"packed kernels: {len(model.kernels) or 'none'}")
     lines += [f"  {k.name} ({k.vendor}, {', '.join(k.units)}; {k.target.get('compiler', '?')}): {k.status}"
               for k in model.kernels]
+    lines += fused_chains(model)
     lines.append("environment: " + ", ".join(f"{k} {v}" for k, v in model.env.items()))
     prep = model.default
     if prep is None:
@@ -67,6 +69,29 @@ def describe(model: Model, plan: bool = False) -> str:
         lines.append("arena over time (rows: tasks, columns: bytes):")
         lines.append(picture(p.blocks, p.arena_size, len(p.tasks)))
     return "\n".join(lines)
+
+
+def _arrays(spec: list) -> str:
+    return ", ".join(f"{dt} {'x'.join(str(d) for d in shape) or 'scalar'}" for dt, shape in spec)
+
+
+def fused_chains(model: Model) -> list[str]:
+    """The fused chains of the model: name, C function, guard, intermediates saved, and whether
+    they run fused here (else their unfused nodes run)."""
+    nodes = [n for n in model.graph.nodes if is_fused(n)]
+    if not nodes:
+        return []
+    library = getattr(model.native, "fused", None)
+    lines = [f"fused chains: {len(nodes)}, {mib(sum(intermediate_bytes(n) for n in nodes))} of intermediate "
+             f"tensors out of the arena"]
+    for n in nodes:
+        guard = n.attrs.get("guard", {})
+        runs = ("fused" if library is not None and library.get(n.attrs.get("kernel", ""), guard) is not None
+                else "unfused (fused kernels not loaded)")
+        lines.append(f"  {n.name}: {n.attrs.get('kernel')}, {len(n.attrs[BODY].nodes)} nodes, runs {runs}")
+        lines.append(f"    guard: in [{_arrays(guard.get('inputs', []))}] out [{_arrays(guard.get('outputs', []))}] "
+                     f"{guard.get('layout', '?')}")
+    return lines
 
 
 def streaming(stream: StreamPlan, schedule: bool) -> list[str]:

@@ -30,8 +30,9 @@ from ..format.kernelstore import Packed
 from ..ir import Graph, Node, TensorInfo
 from ..kernels import lookup
 from ..kernels.fused import BODY
+from ..native import build
 from ..native import fused as native_fused
-from ..native.fusegen import Chain, Operand, Step
+from ..native.fusegen import Chain, Operand, Step, last_written
 from ..plan.infer import context
 from .passes import remove_dead_code
 
@@ -277,24 +278,36 @@ class _Group:
         return list(seen)
 
 
-def _fits(graph: Graph, group: _Group, node: Node, lowered: Lowered) -> int | None | bool:
-    """The group's split if `node` may join it (None: still no split), else False."""
+def _broadcasts(small: tuple[int, ...], big: tuple[int, ...]) -> bool:
+    """True when `small` broadcasts to `big` (numpy's rule, trailing axes aligned)."""
+    return len(small) <= len(big) and all(s in (1, b) for s, b in zip(reversed(small), reversed(big)))
+
+
+def _fits(graph: Graph, group: _Group, node: Node, lowered: Lowered) -> tuple[int | None, tuple[int, ...]] | None:
+    """The group's split and frame if `node` may join it (split None: none yet), else None.
+
+    A chain without reductions takes the shape of a node's output that its frame broadcasts to
+    (a squeeze-excite scale times the feature map): what it computed so far is then read once
+    per row of the larger frame."""
     split, frame = group.split, group.frame
+    out_shape = graph.infos[node.outputs[0]].shape
     if lowered.split is not None:
         if (split is not None and split != lowered.split) or graph.infos[node.inputs[0]].shape != frame:
-            return False
+            return None
         split = lowered.split
+    elif split is None and out_shape != frame and _broadcasts(frame, out_shape):
+        frame = out_shape
     row = frame[:split] + (1,) * (len(frame) - split) if split is not None else frame
     allowed = {row, frame[:split]} if lowered.row_output else {row, frame}
-    if graph.infos[node.outputs[0]].shape not in allowed:
-        return False
+    if out_shape not in allowed:
+        return None
     names = _names(lowered)
-    if any(v in group.produced and graph.infos[v].shape not in (frame, row) for v in names):
-        return False
+    if split is not None and any(v in group.produced and graph.infos[v].shape not in (frame, row) for v in names):
+        return None
     if split is not None and any(operand(v, graph.infos[v].shape, frame, split) is None
                                  for v in group.operands() + names if v not in group.produced):
-        return False
-    return split
+        return None
+    return split, frame
 
 
 def _names(lowered: Lowered) -> list[str]:
@@ -302,16 +315,29 @@ def _names(lowered: Lowered) -> list[str]:
     return [a for s in lowered.steps for a in s.args if isinstance(a, str) and a not in produced]
 
 
+def _readable(graph: Graph, group: _Group, k: int, outputs: list[str]) -> bool:
+    """True when every array of the chain can be read and written at split k: each operand and
+    intermediate full along the row or constant along it, each output full or one per row."""
+    frame = group.frame
+    row = frame[:k] + (1,) * (len(frame) - k)
+    made = {s.out for s in group.steps if "~" not in s.out and graph.infos[s.out].shape != frame[:k]}
+    return (all(operand(v, graph.infos[v].shape, frame, k) for v in group.operands() + sorted(made))
+            and all(graph.infos[v].shape in (frame, row, frame[:k]) for v in outputs))
+
+
 def _first_split(graph: Graph, group: _Group) -> int | None:
-    """The smallest split every operand of a chain without reductions can be read with."""
-    for k in range(len(group.frame) + 1):
-        if all(operand(v, graph.infos[v].shape, group.frame, k) for v in group.operands()):
-            return k
-    return None
+    """The smallest split every array of a chain without reductions can be read with."""
+    outputs = _outputs(graph, group)
+    return next((k for k in range(len(group.frame) + 1) if _readable(graph, group, k, outputs)), None)
+
+
+def _ops(graph: Graph, group: _Group) -> int:
+    """Operators in the chain, counting an activation an earlier pass fused into a node."""
+    return sum(1 + (ACT in graph.nodes[i].attrs) for i in group.nodes)
 
 
 def find_chains(graph: Graph) -> list[_Group]:
-    """The chains of two nodes or more in `graph`, each with its split settled."""
+    """The chains of two operators or more in `graph`, each with its split settled."""
     producers = graph.producers()
     owner: dict[int, _Group] = {}
     groups: list[_Group] = []
@@ -322,31 +348,31 @@ def find_chains(graph: Graph) -> list[_Group]:
         joined = None
         for v in node.inputs:
             group = owner.get(producers.get(v, -1))
-            if group is None or group is joined:
+            if group is None:
                 continue
-            start = group.nodes[0]
             outside = [u for u in node.inputs if u and u not in group.produced and u not in graph.constants]
-            if any(producers.get(u, -1) >= start for u in outside):
+            if any(producers.get(u, -1) >= group.nodes[0] for u in outside):
                 continue
-            split = _fits(graph, group, node, lowered)
-            if split is False:
-                continue
-            group.split, joined = split, group
-            break
+            fit = _fits(graph, group, node, lowered)
+            if fit is not None:
+                (group.split, group.frame), joined = fit, group
+                break
         if joined is None:
             info = graph.infos[node.inputs[0] if lowered.split is not None else node.outputs[0]]
             joined = _Group([], tuple(info.shape), lowered.split)
-            if _fits(graph, joined, node, lowered) is False:
+            if _fits(graph, joined, node, lowered) is None:
                 continue
             groups.append(joined)
         joined.nodes.append(i)
         joined.steps += lowered.steps
         joined.produced |= {s.out for s in lowered.steps}
         owner[i] = joined
-    chains = [g for g in groups if len(g.nodes) >= 2]
+    chains = [g for g in groups if _ops(graph, g) >= 2]
     for g in chains:
         if g.split is None:
             g.split = _first_split(graph, g)
+        elif not _readable(graph, g, g.split, _outputs(graph, g)):
+            g.split = None
     return [g for g in chains if g.split is not None]
 
 
@@ -387,14 +413,26 @@ class Fused:
     intermediate_bytes: int
 
 
+def _in_place_order(graph: Graph, chain: Chain) -> Chain:
+    """The chain with output 0 one that an operand of its shape may share (the AutoFused kernel
+    lets output 0 take input 0's buffer): a full output of the last loop, else a row output
+    (written once per row, after its row's operands are read); that operand first."""
+    late = last_written(chain)
+    first = late[0] if late else next(n for n, full in chain.outputs if not full)
+    outputs = sorted(chain.outputs, key=lambda o: o[0] != first)
+    shape = graph.infos[first].shape
+    inputs = sorted(chain.inputs, key=lambda op: graph.infos[op.name].shape != shape)
+    return Chain(chain.symbol, chain.rows, chain.cols, tuple(inputs), chain.steps, tuple(outputs))
+
+
 def _fused(graph: Graph, group: _Group, n: int) -> Fused:
     symbol = f"omrt_fused_{n}"
-    inputs, outputs = group.operands(), _outputs(graph, group)
     frame, k = group.frame, group.split
     rows, cols = int(np.prod(frame[:k])), int(np.prod(frame[k:]))
-    ops = tuple(operand(v, graph.infos[v].shape, frame, k) for v in inputs)
-    outs = tuple((v, graph.infos[v].shape == frame) for v in outputs)
-    chain = Chain(symbol, rows, cols, ops, tuple(group.steps), outs)
+    ops = tuple(operand(v, graph.infos[v].shape, frame, k) for v in group.operands())
+    outs = tuple((v, graph.infos[v].shape == frame) for v in _outputs(graph, group))
+    chain = _in_place_order(graph, Chain(symbol, rows, cols, ops, tuple(group.steps), outs))
+    inputs, outputs = [op.name for op in chain.inputs], [name for name, _ in chain.outputs]
     spec = native_fused.guard([(graph.infos[v].dtype, graph.infos[v].shape) for v in inputs],
                               [(graph.infos[v].dtype, graph.infos[v].shape) for v in outputs])
     label = _label(graph, group)
@@ -421,8 +459,8 @@ def autofuse(graph: Graph, say: Callable[[str], None]) -> tuple[Packed | None, l
     if not fused:
         return None, []
     say(f"fusing {len(fused)} chains")
-    record = native_fused.build([f.chain for f in fused], {f.chain.symbol: f.node.attrs["guard"] for f in fused},
-                                say)
+    record = build.build_fused([f.chain for f in fused], {f.chain.symbol: f.node.attrs["guard"] for f in fused},
+                               say)
     if record is None:
         return None, []
     _rewrite(graph, fused)

@@ -19,6 +19,19 @@ BODY = "body"
 """The attribute holding the unfused chain."""
 
 
+def is_fused(node) -> bool:
+    """True for an omrt::AutoFused node (a profile names each by its own name, not its op type)."""
+    return node.op_type == "AutoFused" and node.domain == "omrt"
+
+
+def intermediate_bytes(node) -> int:
+    """Bytes of the values a fused node's chain computes and no longer stores: its sub-graph's
+    values that are neither its inputs, its outputs nor constants."""
+    body = node.attrs[BODY]
+    kept = set(body.inputs) | set(body.outputs) | set(body.constants)
+    return sum(i.nbytes for v, i in body.infos.items() if v not in kept and i.static)
+
+
 def _meets(arrays, spec) -> bool:
     """True when every array has the guard's dtype and shape and is C-contiguous."""
     return len(arrays) == len(spec) and all(
@@ -30,6 +43,10 @@ def _meets(arrays, spec) -> bool:
 class AutoFused(Kernel):
     """The fused chain: its generated C function under its guard, else its unfused sub-graph."""
 
+    inplace = {0: 0}
+    """The compiler orders a chain's arrays so that output 0 may take input 0's buffer when they
+    have one shape: its code reads each element of input 0 for the last time just before it
+    writes that element of output 0 (omrt.compiler.autofuse)."""
     native_units = ("elementwise",)
     """Not for a function of that unit: the generated kernels run on the worker pool of the native
     library, which is built (with any unit) only when some kernel asks for one."""

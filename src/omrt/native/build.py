@@ -1,4 +1,5 @@
-"""Build omrt's C units into one shared library record, for a model's KERNELS partition.
+"""Build omrt's C units into one shared library record, for a model's KERNELS partition, and a
+model's generated fused kernels into another.
 
 Needs a C compiler (`$CC`, else cc, gcc or clang), not onnx: the compiler hands over the units
 its graph's kernels declare (`Kernel.native_units`).
@@ -16,7 +17,9 @@ import tempfile
 import warnings
 from typing import Callable
 
-from ..format.kernelstore import NATIVE, Packed
+from ..format.kernelstore import FUSED, NATIVE, Packed
+from .fused import EXTRA_FLAGS, UNIT
+from .fusegen import Chain, library_source
 from .library import CORE, SOURCES
 from .loader import host_target
 
@@ -82,6 +85,27 @@ def _compile(cc: str, units: list[str], say: Callable[[str], None]) -> Packed | 
     return Packed(NATIVE, "omrt-native", "omrt",
                   {**host_target(), "units": units, "compiler": compiler_version(cc),
                    "python": platform.python_version()}, data)
+
+
+def build_fused(chains: list[Chain], guards: dict[str, dict], say: Callable[[str], None]) -> Packed | None:
+    """The KERNELS record (kind 3) of a model's fused chains, one C function each, its target
+    listing every function's guard; None (with a warning) when it cannot be built: the chains
+    then stay unfused."""
+    cc = compiler()
+    if cc is None or not chains:
+        return None
+    say(f"building {len(chains)} fused kernels with {cc}")
+    text = library_source(chains)
+    with tempfile.TemporaryDirectory(prefix="omrt-fused-") as tmp:
+        path = os.path.join(tmp, "fused.c")
+        with open(path, "w") as f:
+            f.write(text)
+        data = shared_library(cc, [path], "fused kernels", "its chains unfused", EXTRA_FLAGS)
+    if data is None:
+        return None
+    target = {**host_target(), "units": [UNIT], "compiler": compiler_version(cc),
+              "source_sha256": hashlib.sha256(text.encode()).hexdigest(), "kernels": guards}
+    return Packed(FUSED, "omrt-fused", "omrt", target, data)
 
 
 def shared_library(cc: str, sources: list[str], what: str, instead: str, extra: tuple[str, ...] = ()

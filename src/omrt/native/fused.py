@@ -2,7 +2,7 @@
 
 `omrt compile` finds a model's elementwise chains (omrt.compiler.autofuse), writes one C function
 per chain (`fusegen`) and builds them all into one shared library with the same compiler and
-flags as the native kernels (`build`). The record's target lists each function's guard: the
+flags as the native kernels (`build.build_fused`). The record's target lists each function's guard: the
 dtypes, shapes and layout of the arrays it was generated for. At load the record runs under the
 model's one trust decision and the native library's host checks, and only beside the native
 library, whose worker pool it borrows; each call is checked against its guard first.
@@ -11,15 +11,11 @@ library, whose worker pool it borrows; each call is checked against its guard fi
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import os
-import tempfile
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
 from ..format.kernelstore import FUSED, Packed
-from .fusegen import Chain, library_source
 from .library import Bound, Library
 from .signature import Address, Array, Function, Int
 
@@ -51,29 +47,6 @@ def contract(symbol: str, spec: dict) -> Function:
     args = [Array(f"in{k}", floats(s)) for k, (_, s) in enumerate(spec["inputs"])]
     args += [Array(f"out{k}", floats(s), write=True) for k, (_, s) in enumerate(spec["outputs"])]
     return Function(UNIT, symbol, (*args, Int("threads", 1)))
-
-
-def build(chains: list[Chain], guards: dict[str, dict], say: Callable[[str], None]) -> Packed | None:
-    """The kind-3 record holding every chain's function, or None (with a warning) when it cannot be
-    built: the chains then stay unfused."""
-    from . import build as native_build
-    from .loader import host_target
-
-    cc = native_build.compiler()
-    if cc is None or not chains:
-        return None
-    say(f"building {len(chains)} fused kernels with {cc}")
-    text = library_source(chains)
-    with tempfile.TemporaryDirectory(prefix="omrt-fused-") as tmp:
-        path = os.path.join(tmp, "fused.c")
-        with open(path, "w") as f:
-            f.write(text)
-        data = native_build.shared_library(cc, [path], "fused kernels", "its chains unfused", EXTRA_FLAGS)
-    if data is None:
-        return None
-    target = {**host_target(), "units": [UNIT], "compiler": native_build.compiler_version(cc),
-              "source_sha256": hashlib.sha256(text.encode()).hexdigest(), "kernels": guards}
-    return Packed(FUSED, "omrt-fused", "omrt", target, data)
 
 
 class FusedLibrary:

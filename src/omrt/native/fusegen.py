@@ -256,6 +256,13 @@ class _Writer:
         return f"{a} = {update.format(a=a, v=self.var[s.args[0]])};"
 
 
+def last_written(chain: Chain) -> list[str]:
+    """The full outputs written in the chain's last loop, after every operand is read for good:
+    an operand of their shape may share their buffer (read at element j just before it is written)."""
+    w = _Writer(chain)
+    return [n for n, full in chain.outputs if full and w.ready[n] == w.phases]
+
+
 def source(chain: Chain) -> str:
     """The C of one chain: its job struct, row function, item function and exported entry."""
     c, w = chain, _Writer(chain)
