@@ -32,11 +32,15 @@ def intermediate_bytes(node) -> int:
     return sum(i.nbytes for v, i in body.infos.items() if v not in kept and i.static)
 
 
-def _meets(arrays, spec) -> bool:
-    """True when every array has the guard's dtype and shape and is C-contiguous."""
-    return len(arrays) == len(spec) and all(
-        type(a) is np.ndarray and a.dtype.str == dt and a.shape == tuple(shape) and a.flags.c_contiguous
-        for a, (dt, shape) in zip(arrays, spec))
+def _specs(spec: list) -> list[tuple[tuple[int, ...], np.dtype]]:
+    return [(tuple(shape), np.dtype(dt)) for dt, shape in spec]
+
+
+def _meets(arrays, specs) -> bool:
+    """True when every array has its guard's shape and dtype and is C-contiguous."""
+    return len(arrays) == len(specs) and all(
+        type(a) is np.ndarray and a.shape == shape and a.dtype == dt and a.flags.c_contiguous
+        for a, (shape, dt) in zip(arrays, specs))
 
 
 @register("AutoFused", domain="omrt")
@@ -71,10 +75,11 @@ class AutoFused(Kernel):
         if library is not None and planned == spec and made == out_spec:
             self.fused = library.get(self.symbol, self.guard)
         self.nbytes = sum(int(np.prod(s, dtype=np.int64)) * 4 for _, s in out_spec)
+        self.expect = _specs(self.guard.get("inputs", [])), _specs(self.guard.get("outputs", []))
 
     def run(self, inputs, outputs, workspace):
-        guard = self.guard
-        if (self.fused is not None and _meets(inputs, guard["inputs"]) and _meets(outputs, guard["outputs"])
+        ins, outs = self.expect
+        if (self.fused is not None and _meets(inputs, ins) and _meets(outputs, outs)
                 and all(o.flags.writeable for o in outputs)):
             self.fused(*inputs, *outputs, parallel.native_threads(nbytes=self.nbytes))
             return
