@@ -23,9 +23,10 @@ UNIT = "fused"
 USE_POOL = Function(UNIT, "omrt_fused_use_pool", (Address("pool"),))
 """Hands the library the native library's worker pool (csrc/omrt_fused.h)."""
 
-EXTRA_FLAGS = ("-fno-trapping-math",)
-"""Beside the native kernels' flags: lets the compiler turn the chains' comparisons (Clip, Relu,
-Max) into vector selects, so every loop vectorizes; no result changes, only FP exception flags."""
+EXTRA_FLAGS = ("-fno-trapping-math", "-ffp-contract=fast")
+"""Beside the native kernels' flags: the chains' comparisons (Clip, Relu, Max) may become vector
+selects, so every loop vectorizes (only FP exception flags change), and a product and a sum
+may be one fused multiply-add where the CPU has it (one rounding instead of two)."""
 
 LAYOUT = "C-contiguous"
 """The only layout generated kernels read and write: every array dense, row-major."""

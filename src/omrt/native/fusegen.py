@@ -46,6 +46,9 @@ DEAR = frozenset({"exp", "erf", "tanh", "sigmoid", "gelu"})
 LANES = 16
 """Accumulators per reduction: independent partial results the loop can keep in one vector."""
 
+CHUNK = 1024
+"""Elements of a row a reducing loop computes before it reduces them (a buffer in L1 cache)."""
+
 STORE_BYTES = 1 << 16
 """Stack bytes a row's stored values may take (per thread)."""
 
@@ -182,7 +185,7 @@ class _Writer:
     def row_function(self) -> str:
         c = self.c
         self._written: set[str] = set()
-        lines = [f"static inline void row_{c.symbol}(const job_{c.symbol} *J, int64_t i, int64_t c0, int64_t c1) {{"]
+        lines = [f"static OMRT_INLINE void row_{c.symbol}(const job_{c.symbol} *J, int64_t i, int64_t c0, int64_t c1) {{"]
         for k, op in enumerate(c.inputs):
             off = " + ".join(f"(i / {d} % {m}) * {st}" for d, m, st in op.terms) or "0"
             if op.full:
@@ -224,24 +227,33 @@ class _Writer:
             out += ["        " + s for s in body]
             out.append("    }")
             return out
+        return self._reducing_loop(reds, body, emitted)
+
+    def _reducing_loop(self, reds: list[Step], body: list[str], emitted: set[str]) -> list[str]:
+        """A phase with reductions, CHUNK elements at a time: one plain loop computes the chunk's
+        values into buffers (and writes the phase's stores and outputs), then each reduction
+        adds its buffer into LANES partial results; both loops vectorize."""
+        c, out = self.c, []
         for s in reds:
             start, _ = REDUCE[s.op]
             out.append(f"    float a_{self.var[s.out]}[{LANES}];")
             out.append(f"    for (int l = 0; l < {LANES}; l++) a_{self.var[s.out]}[l] = {start};")
-        whole = c.cols - c.cols % LANES
-        if whole:
-            out.append(f"    for (int64_t j = 0; j < {whole}; j += {LANES}) {{")
-            out.append(f"        for (int l = 0; l < {LANES}; l++) {{")
-            out.append("            const int64_t jj = j + l;")
-            out += ["            " + s for s in body]
-            out += ["            " + self._accumulate(s, "l") for s in reds]
-            out.append("        }")
-            out.append("    }")
-        if whole < c.cols:
-            out.append(f"    for (int64_t jj = {whole}; jj < {c.cols}; jj++) {{")
-            out += ["        " + s for s in body]
-            out += ["        " + self._accumulate(s, "0") for s in reds]
-            out.append("    }")
+        out.append(f"    for (int64_t j0 = 0; j0 < {c.cols}; j0 += {CHUNK}) {{")
+        out.append(f"        const int64_t n = j0 + {CHUNK} < {c.cols} ? {CHUNK} : {c.cols} - j0;")
+        out += [f"        float r_{self.var[s.out]}[{CHUNK}];" for s in reds]
+        out.append("        for (int64_t jj = j0; jj < j0 + n; jj++) {")
+        out += ["            " + line for line in body]
+        out += [f"            r_{self.var[s.out]}[jj - j0] = {self.var[s.args[0]]};" for s in reds]
+        out.append("        }")
+        out.append("        int64_t j = 0;")
+        out.append(f"        for (; j + {LANES} <= n; j += {LANES})")
+        out.append(f"            for (int l = 0; l < {LANES}; l++) {{")
+        out += ["                " + self._accumulate(s, "l", "j + l") for s in reds]
+        out.append("            }")
+        out.append("        for (; j < n; j++) {")
+        out += ["            " + self._accumulate(s, "0", "j") for s in reds]
+        out.append("        }")
+        out.append("    }")
         for s in reds:
             a, v = f"a_{self.var[s.out]}", self.var[s.out]
             _, update = REDUCE[s.op]
@@ -250,10 +262,10 @@ class _Writer:
             emitted.add(s.out)
         return out
 
-    def _accumulate(self, s: Step, lane: str) -> str:
+    def _accumulate(self, s: Step, lane: str, at: str) -> str:
         a = f"a_{self.var[s.out]}[{lane}]"
         _, update = REDUCE[s.op]
-        return f"{a} = {update.format(a=a, v=self.var[s.args[0]])};"
+        return f"{a} = {update.format(a=a, v=f'r_{self.var[s.out]}[{at}]')};"
 
 
 def last_written(chain: Chain) -> list[str]:

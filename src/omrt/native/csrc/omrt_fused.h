@@ -13,6 +13,9 @@
 
 #include "omrt_native.h"
 
+/* Inlined into each per-ISA clone of its caller, so that it is compiled for that ISA too. */
+#define OMRT_INLINE inline __attribute__((always_inline))
+
 typedef void (*omrt_pool_fn)(omrt_item_fn fn, void *ctx, int64_t count, int64_t threads);
 
 static omrt_pool_fn omrt_fused_pool = 0;
@@ -28,22 +31,32 @@ static void omrt_fused_run(omrt_item_fn fn, void *ctx, int64_t count, int64_t th
     for (int64_t i = 0; i < count; i++) fn(ctx, i, 0);
 }
 
-static inline float omrt_fx_clip(float x, float lo, float hi) { return x < lo ? lo : (x > hi ? hi : x); }
+static OMRT_INLINE float omrt_fx_clip(float x, float lo, float hi) { return x < lo ? lo : (x > hi ? hi : x); }
 
-static inline float omrt_fx_bits(int32_t i) {
+static OMRT_INLINE float omrt_fx_bits(int32_t i) {
     float f;
     memcpy(&f, &i, sizeof f);
     return f;
 }
 
-/* exp(x): x = k ln2 + r, |r| <= ln2 / 2, e^r by Cephes' expf polynomial, 2^k from the bits.
- * Below -87.3 the result is 0 (e^x is subnormal there), above 88.7 it is +inf. */
-static inline float omrt_fx_exp(float x) {
-    const float hi = 88.72283f, lo = -87.33654f;
-    float c = x > hi ? hi : (x < lo ? lo : x);
-    float t = c * 1.44269504088896341f;
-    int32_t k = (int32_t)(t + (t < 0.0f ? -0.5f : 0.5f));
-    float n = (float)k;
+static OMRT_INLINE int32_t omrt_fx_int_bits(float f) {
+    int32_t i;
+    memcpy(&i, &f, sizeof i);
+    return i;
+}
+
+/* exp(x): x = k ln2 + r, |r| <= ln2 / 2, e^r by Cephes' expf polynomial, 2^k from the bits (in
+ * two halves, so that k = 128 at the top of the range stays finite). k is rounded by adding
+ * 1.5 * 2^23, with no float-to-int conversion: a conversion of a clamped value keeps GCC from
+ * vectorizing the loop for AVX2 and AVX-512. Below -87.3 the result is 0 (e^x is subnormal
+ * there), above 88.7 it is +inf. */
+static OMRT_INLINE float omrt_fx_exp(float x) {
+    const float hi = 88.72283f, lo = -87.33654f, round = 12582912.0f;
+    float c = x > hi ? hi : x;
+    c = c < lo ? lo : c;
+    float kf = c * 1.44269504088896341f + round;
+    int32_t k = omrt_fx_int_bits(kf) - omrt_fx_int_bits(round);
+    float n = kf - round;
     float r = c - n * 0.693359375f;
     r = r + n * 2.12194440e-4f;
     float p = 1.9875691500e-4f;
@@ -52,16 +65,17 @@ static inline float omrt_fx_exp(float x) {
     p = p * r + 4.1665795894e-2f;
     p = p * r + 1.6666665459e-1f;
     p = p * r + 5.0000001201e-1f;
-    float e = (p * r * r + r + 1.0f) * omrt_fx_bits((k + 127) << 23);
+    int32_t half = k >> 1;
+    float e = (p * r * r + r + 1.0f) * omrt_fx_bits((half + 127) << 23) * omrt_fx_bits((k - half + 127) << 23);
     e = x > hi ? omrt_fx_bits(0x7f800000) : e;
     e = x < lo ? 0.0f : e;
     return x != x ? x : e;
 }
 
-static inline float omrt_fx_sigmoid(float x) { return 1.0f / (1.0f + omrt_fx_exp(-x)); }
+static OMRT_INLINE float omrt_fx_sigmoid(float x) { return 1.0f / (1.0f + omrt_fx_exp(-x)); }
 
 /* tanh(x) = sign(x) (1 - e) / (1 + e), e = exp(-2|x|); near 0, its odd series. */
-static inline float omrt_fx_tanh(float x) {
+static OMRT_INLINE float omrt_fx_tanh(float x) {
     float a = fabsf(x);
     float e = omrt_fx_exp(-2.0f * a);
     float t = (1.0f - e) / (1.0f + e);
@@ -72,7 +86,7 @@ static inline float omrt_fx_tanh(float x) {
 }
 
 /* erf(x): a rational approximation on [-4, 4] (odd numerator, even denominator), +-1 beyond. */
-static inline float omrt_fx_erf(float x) {
+static OMRT_INLINE float omrt_fx_erf(float x) {
     float c = x > 4.0f ? 4.0f : (x < -4.0f ? -4.0f : x);
     float x2 = c * c;
     float p = -2.72614225801306e-10f;
