@@ -357,3 +357,21 @@ def test_chains_break_where_they_must(tmp_path):
     sym = _model([_n("Relu", ["x"], ["r"]), _n("Sigmoid", ["r"], ["y"])], [("x", ["N", 4])], [("y", ["N", 4])])
     res = omrt.compile(sym, str(tmp_path / "b.om"))
     assert [n.op_type for n in res.graph.nodes] == ["Relu", "Sigmoid"]
+
+
+def test_a_compiler_that_fails_on_the_fused_kernels_leaves_the_chains_unfused(tmp_path, monkeypatch):
+    """The compiler's message is shown, the model is written without fused nodes, and it runs."""
+    cc = tmp_path / "cc-no-fused"
+    cc.write_text(f"#!/bin/sh\nfor a in \"$@\"; do case $a in *fused.c) echo 'fused.c:1: error: no' >&2; exit 1;; "
+                  f"esac; done\nexec {native_build.compiler()} \"$@\"\n")
+    cc.chmod(0o755)
+    monkeypatch.setenv("CC", str(cc))
+    model = squeeze_excite()
+    path = str(tmp_path / "m.om")
+    with pytest.warns(RuntimeWarning, match=r"building fused kernels failed, the model runs its chains unfused:"
+                                            r"(.|\n)*fused.c:1: error: no"):
+        res = omrt.compile(model, path)
+    assert res.fused == [] and [n.op_type for n in res.graph.nodes] == ["HardSigmoid", "Mul"]
+    feeds = _feeds(model)
+    got = omrt.load(path, trust_kernels=True).session().run(feeds)["y"]
+    assert scaled_error(got, ReferenceEvaluator(model).run(None, feeds)[0]) <= TOL
