@@ -95,7 +95,8 @@ def literal(x: float) -> str:
         return "NAN"
     if math.isinf(x):
         return "INFINITY" if x > 0 else "(-INFINITY)"
-    return f"{float(x)!r}f" if "e" in repr(float(x)) or "." in repr(float(x)) else f"{float(x)!r}.0f"
+    text = repr(float(x))
+    return f"{text}f" if "e" in text or "." in text else f"{text}.0f"
 
 
 class _Writer:
@@ -118,7 +119,8 @@ class _Writer:
             else:
                 self.full[s.out] = any(self.full[a] for a in names)
                 self.ready[s.out] = max((self.ready[a] for a in names), default=0)
-        self.outputs = dict(chain.outputs)
+        self.written: set[str] = set()
+        """Row outputs already written (once per row, as soon as they are known)."""
         self.phases = 1 + max((self.ready[s.out] - 1 for s in chain.steps if s.op in REDUCE), default=-1)
         self.stored = self._stored()
 
@@ -174,8 +176,8 @@ class _Writer:
             emitted.add(s.out)
             lines.append(f"const float {self.var[s.out]} = {self.expr(s)};")
         for name, full in self.c.outputs:
-            if not full and name in emitted and name not in self._written:
-                self._written.add(name)
+            if not full and name in emitted and name not in self.written:
+                self.written.add(name)
                 lines.append(f"o{self._out_index(name)}[i] = {self.var[name]};")
         return lines
 
@@ -184,7 +186,6 @@ class _Writer:
 
     def row_function(self) -> str:
         c = self.c
-        self._written: set[str] = set()
         lines = [f"static OMRT_INLINE void row_{c.symbol}(const job_{c.symbol} *J, int64_t i, int64_t c0, int64_t c1) {{"]
         for k, op in enumerate(c.inputs):
             off = " + ".join(f"(i / {d} % {m}) * {st}" for d, m, st in op.terms) or "0"
