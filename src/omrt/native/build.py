@@ -63,13 +63,19 @@ def build(units: list[str], say: Callable[[str], None]) -> Packed | None:
                       f"without native kernels ({', '.join(units)}) and runs on numpy kernels only",
                       RuntimeWarning, stacklevel=3)
         return None
-    key = hashlib.sha256(repr((cc, FLAGS, units)).encode())
+    return _once(repr((cc, FLAGS, units)), lambda: _compile(cc, units, say))
+
+
+def _once(what: str, make: Callable[[], Packed | None]) -> Packed | None:
+    """A copy of the record `make` builds, made once per process for the same `what` (compiler,
+    flags, sources) and the same C files in csrc/."""
+    key = hashlib.sha256(what.encode())
     for name in sorted(os.listdir(SOURCES)):
         with open(os.path.join(SOURCES, name), "rb") as f:
             key.update(name.encode() + f.read())
     hit = _built.get(key.hexdigest())
     if hit is None:
-        hit = _compile(cc, units, say)
+        hit = make()
         if hit is None:
             return None
         _built[key.hexdigest()] = hit
@@ -94,8 +100,12 @@ def build_fused(chains: list[Chain], guards: dict[str, dict], say: Callable[[str
     cc = compiler()
     if cc is None or not chains:
         return None
-    say(f"building {len(chains)} fused kernels with {cc}")
     text = library_source(chains)
+    return _once(repr((cc, FLAGS, EXTRA_FLAGS, text, guards)), lambda: _compile_fused(cc, text, guards, say))
+
+
+def _compile_fused(cc: str, text: str, guards: dict[str, dict], say: Callable[[str], None]) -> Packed | None:
+    say(f"building {len(guards)} fused kernels with {cc}")
     with tempfile.TemporaryDirectory(prefix="omrt-fused-") as tmp:
         path = os.path.join(tmp, "fused.c")
         with open(path, "w") as f:
