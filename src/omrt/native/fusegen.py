@@ -186,7 +186,8 @@ class _Writer:
 
     def row_function(self) -> str:
         c = self.c
-        lines = [f"static OMRT_INLINE void row_{c.symbol}(const job_{c.symbol} *J, int64_t i, int64_t c0, int64_t c1) {{"]
+        lines = [f"static OMRT_INLINE void row_{c.symbol}(const job_{c.symbol} *J, int64_t i, int64_t c0, "
+                 f"int64_t c1) {{"]
         for k, op in enumerate(c.inputs):
             off = " + ".join(f"(i / {d} % {m}) * {st}" for d, m, st in op.terms) or "0"
             if op.full:
