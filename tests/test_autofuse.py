@@ -375,3 +375,19 @@ def test_a_compiler_that_fails_on_the_fused_kernels_leaves_the_chains_unfused(tm
     feeds = _feeds(model)
     got = omrt.load(path, trust_kernels=True).session().run(feeds)["y"]
     assert scaled_error(got, ReferenceEvaluator(model).run(None, feeds)[0]) <= TOL
+
+
+def test_nan_and_infinities_go_through_as_unfused(tmp_path):
+    model = _model([_n("Relu", ["x"], ["r"]), _n("Max", ["r", "b"], ["m"]), _n("Exp", ["m"], ["e"]),
+                    _n("Clip", ["e", "lo", "hi"], ["y"])], [("x", [2, 8]), ("b", [2, 8])], [("y", [2, 8])],
+                   [("lo", 0.5), ("hi", 1e30)])
+    x = np.array([np.nan, -np.inf, np.inf, -1, 0, 1, 50, 100] * 2, np.float32).reshape(2, 8)
+    b = np.array([0, np.nan, 0, np.nan, -1, 2, 0, 0] * 2, np.float32).reshape(2, 8)
+    path = str(tmp_path / "m.om")
+    omrt.compile(model, path)
+    loaded = omrt.load(path, trust_kernels=True)
+    got = loaded.session().run({"x": x, "b": b})["y"]
+    assert loaded.native.fused.calls() == {"omrt_fused_0": 1}
+    want = omrt.load(path).session().run({"x": x, "b": b})["y"]
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_allclose(got, want, rtol=2e-6)

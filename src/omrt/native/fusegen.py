@@ -25,17 +25,18 @@ PRELUDE = "omrt_fused.h"
 
 UNARY = {
     "neg": "(-{0})", "abs": "fabsf({0})", "sqrt": "sqrtf({0})", "recip": "(1.0f / {0})",
-    "relu": "({0} > 0.0f ? {0} : 0.0f)", "exp": "omrt_fx_exp({0})", "erf": "omrt_fx_erf({0})",
+    "relu": "({0} < 0.0f ? 0.0f : {0})", "exp": "omrt_fx_exp({0})", "erf": "omrt_fx_erf({0})",
     "tanh": "omrt_fx_tanh({0})", "sigmoid": "omrt_fx_sigmoid({0})", "copy": "{0}",
     "leaky": "({0} < 0.0f ? {0} * {p0} : {0})", "clip": "omrt_fx_clip({0}, {p0}, {p1})",
     "hardsigmoid": "omrt_fx_clip({0} * {p0} + {p1}, 0.0f, 1.0f)",
     "hardswish": "({0} * omrt_fx_clip({0} * {p0} + {p1}, 0.0f, 1.0f))",
     "gelu": "(0.5f * {0} * (1.0f + omrt_fx_erf({0} * 0.707106781f)))",
 }
-"""Elementwise primitives of one operand; {pK} are the step's parameters."""
+"""Elementwise primitives of one operand; {pK} are the step's parameters. NaN goes through
+Relu, Clip and Max/Min as it does through numpy's."""
 
 BINARY = {"add": "({0} + {1})", "sub": "({0} - {1})", "mul": "({0} * {1})", "div": "({0} / {1})",
-          "max": "({0} > {1} ? {0} : {1})", "min": "({0} < {1} ? {0} : {1})"}
+          "max": "({0} > {1} || {0} != {0} ? {0} : {1})", "min": "({0} < {1} || {0} != {0} ? {0} : {1})"}
 
 REDUCE = {"sum": ("0.0f", "{a} + {v}"), "rmax": ("-INFINITY", "({a} > {v} ? {a} : {v})")}
 """Reductions over the row: the accumulator's start and its update with value v."""
