@@ -391,3 +391,26 @@ def test_nan_and_infinities_go_through_as_unfused(tmp_path):
     want = omrt.load(path).session().run({"x": x, "b": b})["y"]
     np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
     np.testing.assert_allclose(got, want, rtol=2e-6)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_fused_output_takes_the_buffer_of_an_input_that_dies(threads, tmp_path):
+    """Output 0 over input 0, in the arena: the chain reads each element before it writes it,
+    also with a reduction (LayerNormalization's last loop) and on two threads."""
+    d = 64
+    model = _model([_n("MatMul", ["x", "w"], ["h"]), _n("Sigmoid", ["h"], ["s"]), _n("Mul", ["h", "s"], ["a"]),
+                    _n("ReduceMean", ["a"], ["m"], axes=[-1]), _n("Sub", ["a", "m"], ["c"]),
+                    _n("MatMul", ["c", "w"], ["y"])], [("x", [32, d])], [("y", [32, d])],
+                   [("w", RNG.standard_normal((d, d)) / 8)])
+    path = str(tmp_path / "m.om")
+    res = omrt.compile(model, path)
+    (node,) = [n for n in res.graph.nodes if is_fused(n)]
+    assert node.inputs == ["h"] and node.outputs == ["c"]
+    loaded = omrt.load(path, trust_kernels=True)
+    places = loaded.default.program.places
+    assert places["c"].region == places["h"].region == "arena" and places["c"].offset == places["h"].offset
+    feeds = _feeds(model)
+    with _threads(threads):
+        got = loaded.session().run(feeds)["y"]
+    assert loaded.native.fused.calls() == {"omrt_fused_0": 1}
+    assert scaled_error(got, ReferenceEvaluator(model).run(None, feeds)[0]) <= TOL
