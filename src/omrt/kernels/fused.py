@@ -69,15 +69,13 @@ class AutoFused(Kernel):
         self.fused = None
         """The checked C function, when the fused kernels are loaded and the planned shapes meet
         the guard; None runs the body."""
-        library = getattr(ctx.native, "fused", None)
-        planned = [(i.dtype.str, list(i.shape)) for i in inputs if i is not None]
-        made = [(o.dtype.str, list(o.shape)) for o in outputs if o is not None]
-        spec = [(dt, list(s)) for dt, s in self.guard.get("inputs", [])]
-        out_spec = [(dt, list(s)) for dt, s in self.guard.get("outputs", [])]
-        if library is not None and planned == spec and made == out_spec:
-            self.fused = library.get(self.symbol, self.guard)
-        self.nbytes = sum(int(np.prod(s, dtype=np.int64)) * 4 for _, s in out_spec)
         self.expect = _specs(self.guard.get("inputs", [])), _specs(self.guard.get("outputs", []))
+        library = getattr(ctx.native, "fused", None)
+        planned = ([(tuple(i.shape), i.dtype) for i in inputs if i is not None],
+                   [(tuple(o.shape), o.dtype) for o in outputs if o is not None])
+        if library is not None and planned == self.expect:
+            self.fused = library.get(self.symbol, self.guard)
+        self.nbytes = sum(int(np.prod(shape, dtype=np.int64)) * dt.itemsize for shape, dt in self.expect[1])
         self._met: tuple = ()
         """Weak references to the arrays of the last call that met the guard: a run hands the
         same ones again (weak: an unbound buffer must not be kept alive here)."""
