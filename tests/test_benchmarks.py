@@ -65,3 +65,19 @@ def test_custom_ops_benchmark_matches_and_times(tmp_path):
     lat = json.loads(out.read_text())["latency"]
     assert set(lat["median_ms"]) == {"omrt_c", "omrt_py", "ort"} and lat["ratio_vs_ort"]["ort"] == 1
     assert max(lat["error"].values()) < 1e-5 and lat["fast_gelu_ms"]["omrt_c"] > 0
+
+
+def test_autofuse_benchmark_runs_both_models(tmp_path):
+    out = tmp_path / "autofuse.json"
+    proc = subprocess.run([sys.executable, os.path.join(BENCH, "autofuse.py"), "--tiny", "--runs", "2", "--warmup",
+                           "1", "--threads", "1,2", "--json", str(out)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "intermediate tensors removed from the arena" in proc.stdout
+    for name, res in json.loads(out.read_text())["results"].items():
+        assert res["fused"]["chains"] > 0 and res["unfused"]["chains"] == 0, name
+        assert res["fused"]["intermediate_bytes_removed"] > 0, name
+        assert res["fused"]["loaded"] == [["omrt-native", "loaded"], ["omrt-fused", "loaded"]], name
+        for n in ("1", "2"):
+            rec = res[n]
+            assert rec["check"]["fused_vs_unfused"] < 1e-5 and rec["check"]["fused_vs_ort"] < 1e-4, name
+            assert rec["fused"]["runs"] == 2 and rec["unfused"]["median_ms"] > 0 and rec["ort"]["median_ms"] > 0

@@ -19,6 +19,7 @@ from onnx import TensorProto, helper
 import omrt
 from omrt import cli
 from omrt.format import HEADER, OmFile, Part, write
+from omrt.format import kernelstore
 from omrt.format.kernelstore import NATIVE, Packed, pack, unpack
 from omrt.native import build, elf, loader, probe, target
 from omrt.native.library import kernel_abi
@@ -167,6 +168,29 @@ def test_cross_compiled_record_states_the_cross_target_not_the_host(foreign_om, 
     assert t["cpu"]["clones"] == []  # the per-ISA clones are x86-64 only
 
 
+@pytest.mark.skipif(HOST_CC is None or CROSS_CC is None, reason="needs a C compiler and a cross compiler")
+def test_fused_kernels_are_built_per_compiler_and_join_the_library_chosen(tmp_path):
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 64])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 64])
+    graph = helper.make_graph([helper.make_node("HardSigmoid", ["x"], ["h"], alpha=1 / 6, beta=0.5),
+                               helper.make_node("Mul", ["x", "h"], ["y"])], "hardswish", [x], [y])
+    path = str(tmp_path / "fused.om")
+    res = omrt.compile(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path,
+                       cc=[HOST_CC, CROSS_CC])
+    assert [(r.kind, r.target["triple"]) for r in res.libraries] == [
+        (kernelstore.NATIVE, probe.triple([HOST_CC])), (kernelstore.NATIVE, probe.triple([CROSS_CC])),
+        (kernelstore.FUSED, probe.triple([HOST_CC])), (kernelstore.FUSED, probe.triple([CROSS_CC]))]
+    model = omrt.load(path, trust_kernels=True)
+    fused = [r for r in model.kernels if r.kind == kernelstore.FUSED]
+    assert fused[0].status == "loaded" and model.native.fused is not None
+    assert fused[1].status == (f"not loaded: built for {target.label(fused[1])}, the native library chosen is for "
+                               f"{target.label(fused[0])}; the fused chains run unfused")
+    feed = np.linspace(-4, 4, 128, dtype=np.float32).reshape(2, 64)
+    np.testing.assert_allclose(model.session().run({"x": feed})["y"], feed * np.clip(feed / 6 + 0.5, 0, 1),
+                               rtol=1e-6, atol=1e-6)
+    assert model.native.fused.calls()
+
+
 # --- the loader's choice -----------------------------------------------------------------------
 
 
@@ -213,7 +237,7 @@ def test_the_constructed_foreign_record_is_refused_before_any_byte_is_loaded():
 @needs_cc
 def test_a_baseline_cpu_feature_this_cpu_lacks_is_a_reason_to_skip(tmp_path):
     flags = target.cpu_flags()
-    if platform.machine() != "x86_64" or flags is None or "clang" in build._compiler_version(HOST_CC):
+    if platform.machine() != "x86_64" or flags is None or "clang" in build.compiler_version(HOST_CC):
         pytest.skip("the features probed here are x86-64 ones, named by gcc")
     missing = [(opt, flag) for opt, flag in [("-msse4a", "sse4a"), ("-mfma4", "fma4"), ("-mxop", "xop"),
                                              ("-mavx512vp2intersect", "avx512_vp2intersect")] if flag not in flags]
@@ -237,7 +261,7 @@ def test_a_baseline_cpu_feature_this_cpu_lacks_is_a_reason_to_skip(tmp_path):
 def test_of_two_libraries_for_this_host_the_one_using_more_of_the_cpu_is_chosen(tmp_path):
     flags = target.cpu_flags()
     v3 = {"avx", "avx2", "bmi1", "bmi2", "f16c", "fma", "abm", "movbe", "xsave"}
-    if platform.machine() != "x86_64" or flags is None or not v3 <= flags or "clang" in build._compiler_version(HOST_CC):
+    if platform.machine() != "x86_64" or flags is None or not v3 <= flags or "clang" in build.compiler_version(HOST_CC):
         pytest.skip("needs an x86-64-v3 CPU and gcc")
     path = str(tmp_path / "levels.om")
     omrt.compile(pool_model(), path, cc=[HOST_CC, f"{HOST_CC} -march=x86-64-v3"])

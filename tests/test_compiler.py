@@ -20,8 +20,10 @@ def _model(nodes, inputs, outputs, inits=(), opset=17):
 
 
 def _run_both(model, feeds, tmp_path):
+    """Compile (without autofuse, which runs after the rewrites these tests look at: see
+    test_autofuse.py), run, and compare with the reference."""
     path = str(tmp_path / "m.om")
-    res = omrt.compile(model, path)
+    res = omrt.compile(model, path, autofuse=False)
     got = omrt.load(path).session().run(feeds)
     want = ReferenceEvaluator(model).run(None, feeds)
     for spec, w in zip(model.graph.output, want):

@@ -11,7 +11,7 @@ import pytest
 
 from omrt.errors import KernelError
 from omrt.kernels.activations import _gelu_table
-from omrt.native import bindings
+from omrt.native import bindings, fused
 from omrt.native.library import SOURCES
 
 
@@ -29,8 +29,9 @@ def _exported_prototypes() -> dict[str, str]:
 def test_every_exported_c_function_has_a_binding_that_matches_its_prototype():
     exported = _exported_prototypes()
     assert exported, "no OMRT_EXPORT function found in csrc"
-    assert {f.symbol for f in bindings.FUNCTIONS} == set(exported)
-    for fn in bindings.FUNCTIONS:
+    functions = (*bindings.FUNCTIONS, fused.USE_POOL)  # the last: the fused kernels' prelude
+    assert {f.symbol for f in functions} == set(exported)
+    for fn in functions:
         assert fn.prototype() == exported[fn.symbol]
 
 

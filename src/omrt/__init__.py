@@ -26,17 +26,21 @@ if TYPE_CHECKING:
 def compile(model: Any, output: str | os.PathLike, shapes: Mapping[str, Sequence[int]] | None = None,
             progress: Any = None, native: bool = True,
             shapes_for: Sequence[Mapping[str, Sequence[int]]] = (),
-            custom_ops: Sequence[CustomOp] = (), cc: str | Sequence[str] | None = None) -> "CompileResult":
+            custom_ops: Sequence[CustomOp] = (), cc: str | Sequence[str] | None = None,
+            autofuse: bool = True) -> "CompileResult":
     """Compile an ONNX model (path, bytes or ModelProto) into the `.om` file `output`; `native`
     packs the C kernels its ops can use (see `omrt.load(..., trust_kernels=True)`), built with
     the host's C compiler or with each compiler `cc` names (one library per target, e.g.
     `cc=["gcc", "aarch64-linux-gnu-gcc"]`); `shapes_for` lists input signatures of a symbolic
     model to plan now rather than at run time; `custom_ops` defines operators omrt lacks
-    (`omrt.CustomOp`), and those the model uses travel in the file."""
+    (`omrt.CustomOp`), and those the model uses travel in the file; `autofuse` (on by default,
+    when `native` and a C compiler are there) fuses elementwise chains into generated C kernels
+    that run where the native kernels do, with their unfused nodes kept in the file for every
+    other case."""
     from .compiler import compile_model
 
     return compile_model(model, output, shapes=shapes, progress=progress, native=native, shapes_for=shapes_for,
-                         custom_ops=custom_ops, cc=cc)
+                         custom_ops=custom_ops, cc=cc, autofuse=autofuse)
 
 
 def repack(src: str | os.PathLike, dst: str | os.PathLike, add: Sequence[Any] = (), remove: Sequence[str] = (),

@@ -87,7 +87,9 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
     ops = [op for path in args.custom_op or [] for op in ops_from_file(path)]
     res = omrt.compile(args.model, args.output, shapes=dict(args.shape or []), progress=progress,
-                       native=not args.no_native, shapes_for=args.plan_for or [], custom_ops=ops, cc=args.cc)
+                       native=not args.no_native, shapes_for=args.plan_for or [], custom_ops=ops, cc=args.cc,
+                       autofuse=not args.no_autofuse)
+    from .format.kernelstore import FUSED
     from .report import library_line, mib, plan_figures
 
     print(f"{args.output}: {mib(res.file_size)} ({mib(res.weights_bytes)} weights), "
@@ -99,7 +101,10 @@ def cmd_compile(args: argparse.Namespace) -> int:
     for program in res.stored:
         print(f"  planned for {program.signature}: {plan_figures(program)}")
     for record in res.libraries:
-        print(f"  native kernels {library_line(record)}")
+        print(f"  {'fused' if record.kind == FUSED else 'native'} kernels {library_line(record)}")
+    if res.fused:
+        print(f"  {len(res.fused)} fused chains, {mib(sum(f.intermediate_bytes for f in res.fused))} of intermediate "
+              f"tensors out of the arena")
     return 0
 
 
@@ -145,9 +150,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.profile:
         per_op = sess.profile(repeat=max(args.repeat, 1))
         total = sum(per_op.values())
-        print(f"time per op type (mean of {max(args.repeat, 1)} runs, {total * 1e3:.3f} ms in kernels):")
+        print(f"time per op type and fused chain (mean of {max(args.repeat, 1)} runs, {total * 1e3:.3f} ms in "
+              f"kernels):")
+        width = max([24] + [len(op) + 2 for op in per_op])
         for op, sec in per_op.items():
-            print(f"  {op:<24}{sec * 1e3:10.3f} ms  {100 * sec / total:5.1f}%")
+            print(f"  {op:<{width}}{sec * 1e3:10.3f} ms  {100 * sec / total:5.1f}%")
     s = sess.stats
     print(f"runs {s.runs}, bytes copied {s.bytes_copied}, arena {s.arena_bytes}, lower bound {s.lower_bound}")
     return 0
@@ -270,13 +277,15 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--cc", action="append", metavar="CC",
                    help="build the native kernels with this C compiler, for its target (repeatable: one "
                         "library per compiler, e.g. --cc gcc --cc aarch64-linux-gnu-gcc)")
+    c.add_argument("--no-autofuse", action="store_true",
+                   help="do not fuse elementwise chains into generated C kernels (on by default with a C compiler)")
     c.set_defaults(fn=cmd_compile)
     r = sub.add_parser("run", help="run a .om model and print its outputs and latency")
     r.add_argument("model")
     r.add_argument("--input", action="append", type=_input_arg, metavar="NAME=FILE.npy")
     r.add_argument("--repeat", type=int, default=0, help="timed runs after the first")
     r.add_argument("--output-dir", help="save outputs as .npy files here")
-    r.add_argument("--profile", action="store_true", help="print time per op type")
+    r.add_argument("--profile", action="store_true", help="print time per op type and per fused chain")
     _trust_args(r)
     r.add_argument("--threads", type=_threads_arg, default=1, metavar="N",
                    help="run omrt's kernels on N threads of its own (default 1; see omrt.set_num_threads)")

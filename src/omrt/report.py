@@ -10,6 +10,7 @@ from .errors import FormatError
 from .format.signature import part_name, signed_parts
 from .format.signature import read as read_signature
 from .format.kernelstore import Packed
+from .kernels.fused import BODY, intermediate_bytes, is_fused
 from .native import loader
 from .native.target import label
 from .plan import Program, picture
@@ -74,6 +75,7 @@ def describe(model: Model, plan: bool = False) -> str:
     if len(model.custom_ops):
         lines.append("custom operators:")
         lines += [f"  {op}" for op in model.custom_ops]
+    lines += fused_chains(model)
     lines += signature(model)
     lines.append("environment: " + ", ".join(f"{k} {v}" for k, v in model.env.items()))
     lines += [f"compatibility: {note}" for note in model.compatibility]
@@ -115,6 +117,29 @@ def signature(model: Model) -> list[str]:
             f"signature: {record.algorithm} by key {short(record.fingerprint)}, over the header and "
             + ", ".join(part_name(t) for t in signed_parts(model._file.entries))]
     return lines + [f"trust: {'yes' if model.trust else 'no'}, {model.trust.reason}"]
+
+
+def _arrays(spec: list) -> str:
+    return ", ".join(f"{dt} {'x'.join(str(d) for d in shape) or 'scalar'}" for dt, shape in spec)
+
+
+def fused_chains(model: Model) -> list[str]:
+    """The fused chains of the model: name, C function, guard, intermediates saved, and whether
+    they run fused here (else their unfused nodes run)."""
+    nodes = [n for n in model.graph.nodes if is_fused(n)]
+    if not nodes:
+        return []
+    library = getattr(model.native, "fused", None)
+    lines = [f"fused chains: {len(nodes)}, {mib(sum(intermediate_bytes(n) for n in nodes))} of intermediate "
+             f"tensors out of the arena"]
+    for n in nodes:
+        guard = n.attrs.get("guard", {})
+        runs = ("fused" if library is not None and library.get(n.attrs.get("kernel", ""), guard) is not None
+                else "unfused (fused kernels not loaded)")
+        lines.append(f"  {n.name}: {n.attrs.get('kernel')}, {len(n.attrs[BODY].nodes)} nodes, runs {runs}")
+        lines.append(f"    guard: in [{_arrays(guard.get('inputs', []))}] out [{_arrays(guard.get('outputs', []))}] "
+                     f"{guard.get('layout', '?')}")
+    return lines
 
 
 def streaming(stream: StreamPlan, schedule: bool) -> list[str]:

@@ -26,6 +26,7 @@ from ..native.target import label
 from ..plan import Program, lower, propagate, specialize
 from . import custom
 from ..custom import CustomOp
+from .autofuse import Fused, autofuse as fuse_chains
 from .importer import import_model, load_model
 from .passes import optimize, use_winograd
 from .typecheck import check_types
@@ -44,7 +45,10 @@ class CompileResult:
     seconds: float
     stored: list[Program] = field(default_factory=list)
     libraries: list[Packed] = field(default_factory=list)
-    """The native library records packed, one per compiler (each names its target)."""
+    """The native library records packed, one per compiler (each names its target), and the fused
+    kernels' records, one per compiler, after them."""
+    fused: list[Fused] = field(default_factory=list)
+    """The chains fused into generated kernels (empty with autofuse=False or without a C compiler)."""
 
 
 def _environment() -> dict[str, str]:
@@ -75,14 +79,19 @@ def native_units(graph: Graph) -> list[str]:
     return sorted(units)
 
 
-def _native_libraries(graph: Graph, compilers: Sequence[str] | None, say: Callable[[str], None]) -> list[Packed]:
+def _native_libraries(graph: Graph, compilers: Sequence[str] | None, say: Callable[[str], None],
+                      autofuse: bool) -> tuple[list[Packed], list[Fused]]:
     """The native library records for `graph`, one per compiler (None: the host's own, if there is
-    one), after the rewrites that pay only with them."""
+    one), after the rewrites that pay only with them; with `autofuse`, its fused kernels' records
+    (one per compiler) first, and the chains fused."""
+    records, fused = [], []
     if compilers is not None or build.compiler() is not None:
         use_winograd(graph)
+        if autofuse:
+            records, fused = fuse_chains(graph, say, compilers)
     built = {cc: build.build(native_units(graph), say, cc) for cc in (compilers or [None])}
     _check_distinct(built)
-    return [record for record in built.values() if record is not None]
+    return [record for record in built.values() if record is not None] + records, fused
 
 
 def _check_distinct(built: Mapping[str | None, Packed | None]) -> None:
@@ -131,14 +140,17 @@ def _plan_for(graph: Graph, signature: Mapping[str, Sequence[int]], say: Callabl
 def compile_model(model: Any, output: str | os.PathLike, shapes: Mapping[str, Sequence[int]] | None = None,
                   progress: Callable[[str], None] | None = None, native: bool = True,
                   shapes_for: Sequence[Mapping[str, Sequence[int]]] = (),
-                  custom_ops: Sequence[CustomOp] = (), cc: str | Sequence[str] | None = None) -> CompileResult:
+                  custom_ops: Sequence[CustomOp] = (), cc: str | Sequence[str] | None = None,
+                  autofuse: bool = True) -> CompileResult:
     """Compile `model` into `output`; on any failure nothing is written.
 
     `native` packs the C kernels the model's ops can use (built with the host's C compiler; see
     `omrt.native`); without them, or without a compiler, the model runs on numpy kernels. `cc`
     names the compiler(s) to build them with instead, one library per compiler, each for that
     compiler's target (a cross compiler such as aarch64-linux-gnu-gcc builds for aarch64); a
-    named compiler that is missing or fails is a CompileError.
+    named compiler that is missing or fails is a CompileError. `autofuse` (with `native`) also
+    fuses chains of elementwise ops, and elementwise ops with reductions over trailing axes, into
+    generated C kernels (omrt.compiler.autofuse), built by the same compilers.
     `shapes_for` lists input signatures of a model with symbolic dims to plan now, into the
     PLANS partition: loading the model then plans nothing at run time for them. `custom_ops`
     defines operators omrt lacks (`omrt.CustomOp`); those the model uses are packed into the file.
@@ -156,7 +168,7 @@ def compile_model(model: Any, output: str | os.PathLike, shapes: Mapping[str, Se
     check_types(graph)
     say("fusing")
     optimize(graph)
-    libraries = _native_libraries(graph, compilers, say) if native else []
+    libraries, fused = _native_libraries(graph, compilers, say, autofuse) if native else ([], [])
     program = None
     if all(graph.infos[v].static for v in graph.inputs if graph.infos[v].is_tensor):
         say("planning memory")
@@ -182,4 +194,4 @@ def compile_model(model: Any, output: str | os.PathLike, shapes: Mapping[str, Se
         *([(Part.CUSTOM_OPS, lambda sink: sink(custom_part))] if custom_part is not None else []),
     ], flags=kinds_flag(records), progress=say)
     return CompileResult(os.fspath(output), size, weights_bytes, program, graph, time.perf_counter() - t0, stored,
-                         libraries)
+                         libraries, fused)

@@ -2,9 +2,10 @@
 target and bytes.
 
 A record is a native shared library (kind 1) that `omrt compile` built from omrt's C units, the
-Python source of a custom operator's kernel (kind 2), or a custom operators' shared library
-(kind 4, see the CUSTOM_OPS partition, `omrt.format.customops`). Whether and how a record runs
-on this host is `omrt.native.loader`'s and `omrt.runtime.custom`'s business.
+Python source of a custom operator's kernel (kind 2), the library of fused kernels it generated
+for the model's elementwise chains (kind 3), or a custom operators' shared library (kind 4, see
+the CUSTOM_OPS partition, `omrt.format.customops`). Whether and how a record runs on this host is
+`omrt.native.loader`'s and `omrt.runtime.custom`'s business.
 """
 
 from __future__ import annotations
@@ -18,9 +19,12 @@ from ..errors import FormatError
 RECORD = struct.Struct("<IHHHHIQ")
 RECORD_MAGIC = 0x4B4D524F
 NATIVE = 1
-"""Record kind of omrt's own native shared library (3, generated fused kernels, is reserved)."""
+"""Record kind of omrt's own native shared library."""
 PYTHON_OP = 2
 """Record kind of a custom operator's kernel written in Python: its source text, UTF-8."""
+FUSED = 3
+"""Record kind of the generated fused kernels (autofuse): a shared library whose target lists
+each kernel's guard."""
 NATIVE_OP = 4
 """Record kind of a shared library of custom operators' C kernels (`omrt_custom.h`)."""
 

@@ -1,4 +1,5 @@
-"""Build omrt's C units into one shared library record, for a model's KERNELS partition.
+"""Build omrt's C units into one shared library record, for a model's KERNELS partition, and a
+model's generated fused kernels into another.
 
 Needs a C compiler (`$CC`, else cc, gcc or clang, or the one named: a cross compiler builds a
 record for its own target), not onnx: the compiler hands over the units its graph's kernels
@@ -18,9 +19,11 @@ import warnings
 from typing import Callable
 
 from ..errors import CompileError
-from ..format.kernelstore import NATIVE, Packed
+from ..format.kernelstore import FUSED, NATIVE, Packed
 from ..version import __version__
 from . import elf, probe
+from .fused import EXTRA_FLAGS, UNIT
+from .fusegen import Chain, library_source
 from .library import CORE, SOURCES, kernel_abi
 from .target import host, parse_triple
 
@@ -38,7 +41,7 @@ def compiler() -> str | None:
     return None
 
 
-def _compiler_version(cc: str) -> str:
+def compiler_version(cc: str) -> str:
     try:
         out = subprocess.run(cc.split() + ["--version"], capture_output=True, text=True, timeout=30)
         return out.stdout.splitlines()[0] if out.stdout else cc
@@ -69,13 +72,19 @@ def build(units: list[str], say: Callable[[str], None], cc: str | None = None) -
         return None
     if named and not (cc.split() and shutil.which(cc.split()[0])):
         raise CompileError(f"cc={cc!r}: no such C compiler on the PATH; install it or name another")
-    key = hashlib.sha256(repr((cc, FLAGS, units)).encode())
+    return _once(repr((cc, FLAGS, units)), lambda: _compile(cc, units, say, named))
+
+
+def _once(what: str, make: Callable[[], Packed | None]) -> Packed | None:
+    """A copy of the record `make` builds, made once per process for the same `what` (compiler,
+    flags, sources) and the same C files in csrc/."""
+    key = hashlib.sha256(what.encode())
     for name in sorted(os.listdir(SOURCES)):
         with open(os.path.join(SOURCES, name), "rb") as f:
             key.update(name.encode() + f.read())
     hit = _built.get(key.hexdigest())
     if hit is None:
-        hit = _compile(cc, units, say, named)
+        hit = make()
         if hit is None:
             return None
         _built[key.hexdigest()] = hit
@@ -84,10 +93,51 @@ def build(units: list[str], say: Callable[[str], None], cc: str | None = None) -
 
 def _compile(cc: str, units: list[str], say: Callable[[str], None], named: bool) -> Packed | None:
     say(f"building native kernels ({', '.join(units)}) with {cc}")
-    sources = [os.path.join(SOURCES, f"{u}.c") for u in [CORE, *units]]
+    data = shared_library(cc, [os.path.join(SOURCES, f"{u}.c") for u in [CORE, *units]], "native kernels",
+                          "on numpy kernels only", named)
+    if data is None:
+        return None
+    return Packed(NATIVE, "omrt-native", "omrt", describe(cc, units, data), data)
+
+
+def build_fused(chains: list[Chain], guards: dict[str, dict], say: Callable[[str], None],
+                cc: str | None = None) -> Packed | None:
+    """The KERNELS record (kind 3) of a model's fused chains, one C function each, built by `cc`
+    (None: `compiler()`) like the native library, its target listing every function's guard;
+    None (with a warning) when it cannot be built: the chains then stay unfused. A compiler that
+    was named must build it (CompileError otherwise), as it must build the native library."""
+    named, cc = cc is not None, cc or compiler()
+    if cc is None or not chains:
+        return None
+    text = library_source(chains)
+    return _once(repr((cc, FLAGS, EXTRA_FLAGS, text, guards)),
+                 lambda: _compile_fused(cc, text, guards, say, named))
+
+
+def _compile_fused(cc: str, text: str, guards: dict[str, dict], say: Callable[[str], None],
+                   named: bool) -> Packed | None:
+    say(f"building {len(guards)} fused kernels with {cc}")
+    with tempfile.TemporaryDirectory(prefix="omrt-fused-") as tmp:
+        path = os.path.join(tmp, "fused.c")
+        with open(path, "w") as f:
+            f.write(text)
+        data = shared_library(cc, [path], "fused kernels", "its chains unfused", named, EXTRA_FLAGS)
+    if data is None:
+        return None
+    target = {**describe(cc, [UNIT], data, EXTRA_FLAGS),
+              "source_sha256": hashlib.sha256(text.encode()).hexdigest(), "kernels": guards}
+    return Packed(FUSED, "omrt-fused", "omrt", target, data)
+
+
+def shared_library(cc: str, sources: list[str], what: str, instead: str, named: bool,
+                   extra: tuple[str, ...] = ()) -> bytes | None:
+    """The bytes of a shared library `cc` builds from `sources` (with csrc/ on the include path,
+    FLAGS and the `extra` flags). When it fails: CompileError with the compiler's message if `cc`
+    was `named`, else None with a warning that shows the command, the message and what the model
+    does `instead`."""
     with tempfile.TemporaryDirectory(prefix="omrt-build-") as tmp:
         target = os.path.join(tmp, "kernels.so")
-        cmd = cc.split() + FLAGS + ["-I", SOURCES, "-o", target] + sources + ["-lm"]
+        cmd = cc.split() + FLAGS + list(extra) + ["-I", SOURCES, "-o", target] + sources + ["-lm"]
         try:
             done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
         except (OSError, subprocess.SubprocessError) as e:
@@ -96,29 +146,29 @@ def _compile(cc: str, units: list[str], say: Callable[[str], None], named: bool)
         if done is None or done.returncode != 0:
             error = done.stderr.strip() if done is not None else error
             if named:
-                raise CompileError(f"building native kernels with {cc} failed:\n{' '.join(cmd)}\n{error}")
-            warnings.warn(f"omrt compile: building native kernels failed, the model runs on numpy "
-                          f"kernels only:\n{' '.join(cmd)}\n{error}", RuntimeWarning, stacklevel=4)
+                raise CompileError(f"building {what} with {cc} failed:\n{' '.join(cmd)}\n{error}")
+            warnings.warn(f"omrt compile: building {what} failed, the model runs {instead}:\n"
+                          f"{' '.join(cmd)}\n{error}", RuntimeWarning, stacklevel=5)
             return None
         with open(target, "rb") as f:
-            data = f.read()
-    return Packed(NATIVE, "omrt-native", "omrt", describe(cc, units, data), data)
+            return f.read()
 
 
-def describe(cc: str, units: list[str], data: bytes) -> dict:
-    """The target of a library `cc` built from `units`: what omrt, kernel ABI and compiler made
-    it, the machine, OS and C library its compiler targets (the host's when the compiler does
-    not tell its triple), the newest glibc its symbols need, and the CPU features it may use."""
-    argv = cc.split()
+def describe(cc: str, units: list[str], data: bytes, extra: tuple[str, ...] = ()) -> dict:
+    """The target of a library `cc` built from `units` (with FLAGS and the `extra` flags): what
+    omrt, kernel ABI and compiler made it, the machine, OS and C library its compiler targets (the
+    host's when the compiler does not tell its triple), the newest glibc its symbols need, and the
+    CPU features it may use."""
+    argv, flags = cc.split(), FLAGS + list(extra)
     triple = probe.triple(argv)
     meant = parse_triple(triple) if triple else {}
     ident = elf.identity(data)
     libc = meant.get("libc", "") if triple else host()["libc"]
-    return {"omrt": __version__, "abi": kernel_abi(), "units": units, "compiler": _compiler_version(cc),
+    return {"omrt": __version__, "abi": kernel_abi(), "units": units, "compiler": compiler_version(cc),
             "triple": triple, "os": meant.get("os") or host()["os"],
             "machine": meant.get("machine") or (elf.machine_name(ident[2]) if ident else ""),
             "elf_machine": ident[2] if ident else 0,
             "libc": libc, "libc_version": elf.glibc_needed(data) if libc == "glibc" else "",
-            "cpu": {"baseline": probe.baseline(argv, FLAGS), "features": probe.features(argv, FLAGS),
-                    "clones": probe.clones(argv, FLAGS)},
+            "cpu": {"baseline": probe.baseline(argv, flags), "features": probe.features(argv, flags),
+                    "clones": probe.clones(argv, flags)},
             "python": platform.python_version()}

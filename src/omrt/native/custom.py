@@ -149,7 +149,7 @@ def _compile(cc: str, source: str, where: str) -> tuple[bytes, str]:
         if done.returncode != 0:
             raise CompileError(f"{where}: its C source does not compile ({cc}):\n{done.stderr.strip()}")
         with open(os.path.join(tmp, "op.so"), "rb") as f:
-            return f.read(), build._compiler_version(cc)
+            return f.read(), build.compiler_version(cc)
 
 
 def library_target(data: bytes, symbols: Iterable[str], compiler: str, where: str) -> dict:

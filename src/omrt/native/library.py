@@ -71,6 +71,9 @@ class Library:
         self._cdll = cdll
         self.units = units
         self._bound: dict[str, Bound] = {}
+        self.fused: Any = None
+        """The model's generated fused kernels (`omrt.native.fused.FusedLibrary`) when it packs them
+        and they load: they run on this library's worker pool."""
         cblas = blas_functions()
         self.blas = cblas is not None
         if not hasattr(cdll, USE_BLAS.symbol):
@@ -82,6 +85,10 @@ class Library:
         cfunc = getattr(self._cdll, fn.symbol)
         cfunc.argtypes, cfunc.restype = fn.argtypes, None
         return cfunc
+
+    def pool_address(self) -> int:
+        """The address of the worker pool's entry (`omrt_parallel`, csrc/workers.c)."""
+        return ctypes.cast(self._cdll.omrt_parallel, ctypes.c_void_p).value
 
     def calls(self) -> dict[str, int]:
         """symbol -> how many times this model ran it."""

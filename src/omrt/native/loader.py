@@ -2,14 +2,15 @@
 per process, and counting.
 
 A record runs only when the model is trusted (`omrt.runtime.trust`: `trust_kernels=True`, or a
-signature by a trusted key) and the host matches its target (`target.mismatch`). A file may carry built-in libraries for several targets:
-`choose` keeps those this host can run, best first, and says in each other record's status why
-it was skipped. The chosen library is loaded from an anonymous in-memory file, never written to
+signature by a trusted key) and the host matches its target (`target.mismatch`). A file may carry
+built-in libraries for several targets: `choose` keeps those this host can run, best first, and
+says in each other record's status why it was skipped; the fused kernels for the chosen target
+join it. The chosen library is loaded from an anonymous in-memory file, never written to
 disk, and handed to that model's kernels only.
 
 Loaded libraries are shared by the whole process, under one of two strategies (`dedupe_key`):
-built-in libraries (kind 1) by name and version, custom ones by content. `stats()` counts the
-loads and reuses of each.
+built-in libraries (kind 1) by name and version, generated (fused, kind 3) and custom ones by
+content. `stats()` counts the loads and reuses of each.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import os
 import threading
 import warnings
 
-from ..format.kernelstore import NATIVE, Packed
+from ..format.kernelstore import FUSED, NATIVE, Packed
 from .bindings import USE_BLAS
 from .library import Library
 from .target import label, mismatch
@@ -40,8 +41,8 @@ def dedupe_key(record: Packed) -> tuple[str, tuple]:
       one target (triple) and CPU baseline. Two such records run the same C functions, so the
       second model reuses the first one's library even when their bytes differ in what does not
       matter (a build id, another build of the same sources with the same compiler target).
-    - "content", for every other kind (custom operators): the SHA-256 of the bytes, since their
-      names and versions are whatever their authors chose.
+    - "content", for every other kind (fused kernels, custom operators): the SHA-256 of the bytes,
+      since what they hold is generated per model or whatever their authors chose.
     """
     if record.kind == NATIVE:
         target = record.target
@@ -114,6 +115,7 @@ def load(records: list[Packed], trusted: bool, untrusted: str = NOT_TRUSTED) -> 
     if not trusted:
         for r in native:
             r.status = f"not loaded: {untrusted}"
+        _load_fused([r for r in records if r.kind == FUSED], None, None, untrusted)
         return None
     library, chosen = None, None
     for r in choose(native):
@@ -132,4 +134,39 @@ def load(records: list[Packed], trusted: bool, untrusted: str = NOT_TRUSTED) -> 
             warnings.warn(f"omrt: the native library {r.name!r} for {label(r)} packed in the model does not load "
                           f"({r.status.removeprefix('not loaded: ')}); its kernels run on numpy",
                           RuntimeWarning, stacklevel=4)
+    _load_fused([r for r in records if r.kind == FUSED], library, chosen, untrusted if not trusted else None)
     return library
+
+
+def _load_fused(records: list[Packed], library: Library | None, native: Packed | None, untrusted: str | None
+                ) -> None:
+    """Attach the model's fused kernels (kind 3) to its native library when they may run: the
+    record for the chosen native library's target, loaded once per process by content. Where they
+    do not run, the chains run unfused (their sub-graphs) and each record's status says why."""
+    from .fused import USE_POOL, FusedLibrary
+
+    for r in records:
+        meant = native is None or label(r) == label(native)
+        why = untrusted or _beside(r, native) or mismatch(r)
+        if why is None and library.fused is not None:
+            why = "another fused library was chosen for this host"
+        if why is None:
+            try:
+                library.fused = FusedLibrary(open_library(r, USE_POOL.symbol), r, library)
+                r.status = "loaded"
+                continue
+            except OSError as e:
+                why = f"the dynamic loader refused it: {e}"
+        r.status = f"not loaded: {why}; the fused chains run unfused"
+        if meant and untrusted is None:
+            warnings.warn(f"omrt: the fused kernels {r.name!r} packed in the model do not load ({why}); "
+                          f"their chains run unfused", RuntimeWarning, stacklevel=4)
+
+
+def _beside(record: Packed, native: Packed | None) -> str | None:
+    """Why fused kernels cannot join the chosen native library (none, or for another target)."""
+    if native is None:
+        return "the model's native library is not loaded, and fused kernels run on its worker pool"
+    if label(record) != label(native):
+        return f"built for {label(record)}, the native library chosen is for {label(native)}"
+    return None

@@ -28,6 +28,7 @@ from ..errors import BindError, KernelError, OmrtError
 from ..ir import Node
 from ..kernels import OpContext, kernel_of
 from ..kernels.base import Kernel
+from ..kernels.fused import is_fused
 from ..plan import ARENA, INPUT, OUTPUT, WEIGHT, Task
 from ..plan.infer import context, execute, infer_outputs, info_of
 from .prepare import Prepared, kernel_for
@@ -54,6 +55,12 @@ def call_kernel(kernel: Kernel, op_type: str, label: str, inputs: list, outputs:
         raise
     except Exception as e:
         raise KernelError(f"kernel {op_type} failed at node {label!r}: {type(e).__name__}: {e}") from e
+
+
+def profile_key(node: Node) -> str:
+    """What a profile adds a node's time to: its op type, or a fused chain's own name (each
+    is a generated kernel of its own, e.g. `fused3[HardSigmoid+Mul]`)."""
+    return node.name if is_fused(node) else node.op_type
 
 
 @dataclass
@@ -221,7 +228,8 @@ class Executor:
 
     def run(self, values: Mapping[str, Any], timings: Counter | None = None) -> dict[str, Any]:
         """Run every instruction in order; returns the run-time values by name (`values`, the
-        sequence and optional inputs, included). `timings` adds each op type's wall time."""
+        sequence and optional inputs, included). `timings` adds each op type's (each fused chain's)
+        wall time."""
         found: dict[str, Any] = dict(values)
         if self.stream is not None:
             return self._run_streamed(found, timings)
@@ -239,7 +247,7 @@ class Executor:
             step.execute(found, self)
         finally:
             if timings is not None:
-                timings[step.node.op_type] += time.perf_counter() - t0
+                timings[profile_key(step.node)] += time.perf_counter() - t0
 
     def _run_streamed(self, found: dict[str, Any], timings: Counter | None) -> dict[str, Any]:
         """The loop with streamed weights: each task waits for the weights it reads first, and

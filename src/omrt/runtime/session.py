@@ -304,7 +304,8 @@ class Session:
         return self._run(feeds)
 
     def profile(self, feeds: Mapping[str, Any] | None = None, repeat: int = 10) -> dict[str, float]:
-        """Run `repeat` times timing every kernel; mean seconds per run by op type, slowest first."""
+        """Run `repeat` times timing every kernel; mean seconds per run by op type (each fused chain
+        by its name), slowest first."""
         totals: Counter = Counter()
         for _ in range(repeat):
             self._run(feeds, totals)
