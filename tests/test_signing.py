@@ -343,16 +343,16 @@ def _tampered(data: bytes, flips: list[tuple[int, int]], rewrite: bool) -> bytes
 def _refused(data: bytes, public: str) -> str:
     """How a load with the signer's key trusted refuses the file's packed code: "load error"
     (FormatError), or "not trusted" (it loads and warns with the reason, its kernels' status names
-    it, no native library), or "not trusted, then <error>": a signed partition's damage that the
-    graph decoder does not turn into a FormatError surfaces after the trust decision refused the
-    code and warned. Fails the test when the packed code runs."""
+    it, no native library), or "not trusted, then <error>": damage to a signed partition that
+    still decodes (a changed shape, a plan that does not fit) surfaces as another OmrtError after
+    the trust decision refused the code and warned. Any other exception fails the test. Fails the test when the packed code runs."""
     with warnings.catch_warnings(record=True) as got:
         warnings.simplefilter("always")
         try:
             model = omrt.load(data, trusted_keys=[public])
         except omrt.FormatError:
             return "load error"
-        except Exception as e:  # noqa: BLE001 - any error, as long as the refusal came first
+        except omrt.OmrtError as e:  # omrt's own error, naming what is wrong, after the refusal
             assert any("its packed code does not run" in str(w.message) for w in got), e
             return f"not trusted, then {type(e).__name__}"
     assert not model.trust and model.native is None, model.trust

@@ -33,6 +33,8 @@ def dtype_from_name(name: str) -> np.dtype:
         import ml_dtypes
     except ImportError:
         raise TypeError(f"dtype {name!r} needs the ml_dtypes package (pip install ml_dtypes)") from None
+    if not isinstance(getattr(ml_dtypes, name, None), type):
+        raise TypeError(f"unknown dtype {name!r}")
     return np.dtype(getattr(ml_dtypes, name))
 
 

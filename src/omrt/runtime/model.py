@@ -121,13 +121,17 @@ class Model:
         self._prepared: dict[tuple, Prepared] = {}
         self._resident: dict[str, np.ndarray] = {}
         self._resident_memory: list[Memory] = []
-        stored = ([program] if program else []) + [decode_program(p)
-                                                   for p in self._json(Part.PLANS).get("programs", [])]
-        self._stored = {_signature_key(p.signature): p for p in stored}
-        self.stored_plans = tuple(stored)
-        """The programs the file carries, planned at compile time: its static plan or the
-        `shapes_for` signatures of a symbolic model; sessions for them plan nothing at load."""
-        self.default = self.prepared(program.signature) if program is not None else None
+        try:
+            stored = ([program] if program else []) + [decode_program(p)
+                                                       for p in self._json(Part.PLANS).get("programs", [])]
+            self._stored = {_signature_key(p.signature): p for p in stored}
+            self.stored_plans = tuple(stored)
+            """The programs the file carries, planned at compile time: its static plan or the
+            `shapes_for` signatures of a symbolic model; sessions for them plan nothing at load."""
+            self.default = self.prepared(program.signature) if program is not None else None
+        except (KeyError, IndexError, AttributeError, TypeError) as e:
+            raise FormatError(f"{self.path!r}: its graph and plans do not fit together ({type(e).__name__}: {e}); "
+                              f"the file is corrupted or was written by an incompatible omrt") from e
 
     def _custom_ops(self, trusted: bool) -> CustomOps:
         """The model's own operators (none in files without a CUSTOM_OPS partition), decoded from
