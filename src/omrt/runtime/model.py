@@ -230,6 +230,7 @@ class Model:
         prep = prepare(graph, program, self.native, self.weight_budget, self._hold_resident)
         if self.weight_budget is not None and isinstance(self._file.map, mmap.mmap):
             self._file.map.madvise(mmap.MADV_DONTNEED)  # what preparing read stays out of RSS
+            self.weight_source.forget()
         return prep
 
     def _hold_resident(self, graph: Graph, keys: Iterable[str]) -> None:

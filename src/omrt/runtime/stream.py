@@ -22,6 +22,13 @@ from ..errors import BindError, FormatError, OmrtError
 from ..memory import Memory, align
 from ..plan.stream import StreamPlan
 
+FOLIO = 2 << 20
+"""The largest block the page cache may hold a file in (a 2 MiB huge-page folio on x86-64 and
+most aarch64 kernels). Dropping a range only frees the blocks wholly inside it, so drops are
+made on these boundaries (see `WeightFile._drop`)."""
+CHUNK = 8 << 20
+"""Bytes read between two drops from the page cache (a multiple of FOLIO)."""
+
 
 class WeightFile:
     """Where streamed weights are read from: the model file, by offset, checked not to change."""
@@ -34,22 +41,43 @@ class WeightFile:
         self.keep_cache = keep_cache
 
     def read(self, key: str, into: np.ndarray) -> None:
-        """Read weight `key` into `into` (its exact bytes), or a FormatError naming it."""
+        """Read weight `key` into `into` (its exact bytes), or a FormatError naming it. Unless the
+        cache is kept, the pages read leave the page cache every CHUNK bytes, so a read holds at
+        most about CHUNK bytes of cache at any time, whatever the weight's size."""
         offset = self.offsets[key]
         if os.fstat(self.fd).st_size != self.size:
             raise FormatError(f"weight {key!r}: the model file changed size under the running model "
                               f"({self.size} bytes at load, {os.fstat(self.fd).st_size} now); load it again")
-        try:
-            got = os.preadv(self.fd, [into], offset)
-        except OSError as e:
-            raise FormatError(f"weight {key!r}: reading {into.nbytes} bytes at {offset} of the model file "
-                              f"failed ({e.strerror})") from None
-        if got != into.nbytes:
-            raise FormatError(f"weight {key!r}: the model file ended after {got} of its {into.nbytes} bytes; it "
-                              f"changed under the running model: load it again")
-        if not self.keep_cache:
-            os.posix_fadvise(self.fd, offset, into.nbytes, os.POSIX_FADV_DONTNEED)
+        flat, done = memoryview(into).cast("B"), 0
+        while done < into.nbytes:
+            at = offset + done
+            step = min(into.nbytes - done, CHUNK - at % CHUNK)  # chunks end on the file's CHUNK boundaries
+            try:
+                got = os.preadv(self.fd, [flat[done:done + step]], at)
+            except OSError as e:
+                raise FormatError(f"weight {key!r}: reading {into.nbytes} bytes at {offset} of the model file "
+                                  f"failed ({e.strerror})") from None
+            if got != step:
+                raise FormatError(f"weight {key!r}: the model file ended after {done + got} of its {into.nbytes} "
+                                  f"bytes; it changed under the running model: load it again")
+            if not self.keep_cache:
+                self._drop(at, at + step)
+            done += step
 
+    def _drop(self, start: int, end: int) -> None:
+        """Drop the page-cache blocks that start within [start, end) and that the read filled: a
+        block that starts before `start` holds bytes read just now; one that begins before `end`
+        but ends after it holds the next weight's first bytes, read ahead by the kernel, which
+        the next read uses (and then drops)."""
+        first, last = start - start % FOLIO, end - end % FOLIO
+        if last > first:
+            os.posix_fadvise(self.fd, first, last - first, os.POSIX_FADV_DONTNEED)
+
+    def forget(self) -> None:
+        """Unless the cache is kept, drop every page of the file from the page cache: what loading
+        and preparing read of it (partitions, read-ahead around them) is not the budget's either."""
+        if not self.keep_cache:
+            os.posix_fadvise(self.fd, 0, 0, os.POSIX_FADV_DONTNEED)
 
     def read_resident(self, like: dict[str, np.ndarray]) -> tuple[Memory, dict[str, np.ndarray]]:
         """Read these weights once into one anonymous allocation: (the memory, read-only arrays of
