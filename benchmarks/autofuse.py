@@ -29,19 +29,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 import tempfile
 
 import numpy as np
 
-
-def _cpu() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "?")
-    except OSError:
-        return platform.processor() or "?"
+from figures import cpu_name
 
 
 class _Builder:
@@ -315,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile", action="store_true", help="time per kernel, fused and unfused")
     ap.add_argument("--json", help="write every figure here")
     args = ap.parse_args(argv)
-    doc = {"cpu": _cpu(), "cores": os.cpu_count(), "results": {}}
+    doc = {"cpu": cpu_name(), "cores": os.cpu_count(), "results": {}}
     print(f"CPU: {doc['cpu']} ({doc['cores']} cores)")
     with tempfile.TemporaryDirectory(prefix="omrt-autofuse-") as folder:
         for name in args.models:

@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import statistics
 import subprocess
@@ -41,6 +40,8 @@ import tempfile
 import time
 
 import numpy as np
+
+from figures import cpu_name
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -257,14 +258,6 @@ def worker_latency(folder: str, runs: int, warmup: int) -> dict:
     return {"median_ms": med, "ratio_vs_ort": {k: v / med["ort"] for k, v in med.items()},
             "fast_gelu_ms": fast_gelu_ms, "error": {k: relative_error(v, want) for k, v in outs.items()},
             "runs": len(times["ort"])}
-
-
-def cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        return platform.processor() or "unknown CPU"
 
 
 def run_latency(folder: str, runs: int, warmup: int) -> dict:
