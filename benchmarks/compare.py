@@ -4,7 +4,9 @@
     python benchmarks/compare.py --models squeezenet,mlp --runs 50 --threads 1 --json out.json --png out.png
 
 The suite: the nine light models the onnx package ships (their architectures, with weights redrawn
-by `omrt.zoo.redrawn`, seeded, so that the output check means something), an MLP (3 layers, 1024
+by `omrt.zoo.redrawn`, seeded, so that the output check means something), four real
+architectures built with seeded weights (architectures.py: a MobileNetV3-style classifier, a
+DBNet-style detector, a CRNN-style recognizer, a MiniLM-style encoder), an MLP (3 layers, 1024
 wide, batch 64, MatMul+Add+Relu), an image preprocessing model over a 1080p uint8 HWC frame (Cast,
 Sub, Div, Transpose to CHW), `transformer` (a BERT-base-like encoder, TRANSFORMER_LAYERS layers,
 sequence 128, in the ops exporters emit) and `big_mlp` (over 500 MB of weights: 8 layers of
@@ -19,7 +21,8 @@ the method): omrt with its I/O bound once, ORT `run()` and ORT IOBinding, the sa
 inputs for all three, warm-up runs, then timed runs in interleaved blocks (each after a pause that
 lets the other runtime's spinning threads go quiet), medians and 90th
 percentiles, the ratio omrt/ORT of medians, and an output check against ORT. Here the ratios are
-also summed up as geometric means over the models, and a per-variant time budget caps the number
+also summed up as geometric means over the models (and over the light and the real models
+apart), and a per-variant time budget caps the number
 of runs for slow models (the count actually made is reported).
 """
 
@@ -34,10 +37,14 @@ import sys
 import tempfile
 import time
 
+from architectures import MODELS as REAL_MODELS
+from figures import host
 from omrt import bench
 
 LIGHT = ["bvlc_alexnet", "densenet121", "inception_v1", "inception_v2", "resnet50", "shufflenet",
          "squeezenet", "vgg19", "zfnet512"]
+REAL = list(REAL_MODELS)
+"""Real architectures with seeded weights (architectures.py): MobileNetV3, DBNet, CRNN, MiniLM."""
 SYNTHETIC = ["mlp", "preprocess", "preprocess_resize", "transformer", "big_mlp"]
 TRANSFORMER_LAYERS = 4
 """Encoder layers in `transformer` (BERT-base has 12; 4 keep a suite run short)."""
@@ -186,6 +193,8 @@ def build(name: str, tmp: str) -> str:
         from omrt.zoo import redrawn
 
         proto = redrawn(name)
+    elif name in REAL:
+        proto = REAL_MODELS[name]()
     elif name == "mlp":
         proto = mlp_model()
     elif name == "big_mlp":
@@ -197,7 +206,8 @@ def build(name: str, tmp: str) -> str:
     elif name == "preprocess_resize":
         proto = preprocess_model(resize=True)
     else:
-        raise SystemExit(f"unknown model {name!r}: choose from {', '.join(LIGHT + SYNTHETIC)} or an .onnx path")
+        raise SystemExit(f"unknown model {name!r}: choose from {', '.join(LIGHT + REAL + SYNTHETIC)} or an .onnx "
+                         f"path")
     path = os.path.join(tmp, f"{name}.onnx")
     onnx.checker.check_model(proto)
     onnx.save(proto, path)
@@ -254,7 +264,7 @@ def table(results: list[dict], threads: list[int]) -> tuple[str, dict]:
         head = bench.header("model")
         lines.append(head)
         lines.append("-" * len(head))
-        r_run, r_iob = [], []
+        measured = []
         for res in results:
             rec = res.get("threads", {}).get(str(n))
             if rec is None:
@@ -262,13 +272,18 @@ def table(results: list[dict], threads: list[int]) -> tuple[str, dict]:
                 lines.append(f"{res['model']:<18}  {why}")
                 continue
             lines.append(bench.row(res["model"], rec))
-            r_run.append(rec["ratio_vs_run"])
-            r_iob.append(rec["ratio_vs_iobinding"])
-        g_run, g_iob = geomean(r_run), geomean(r_iob)
+            measured.append((res, rec["ratio_vs_run"], rec["ratio_vs_iobinding"]))
         lines.append("-" * len(head))
-        lines.append(f"{'geometric mean':<18}{'':>5}{'':>18}{'':>18}{'':>18}{g_run:>8.2f}{g_iob:>8.2f}"
-                     f"   ({len(r_run)} models)")
-        summary[str(n)] = {"geomean_vs_run": g_run, "geomean_vs_iobinding": g_iob, "models": len(r_run)}
+        summary[str(n)] = {}
+        for group, names in (("all", None), ("light", LIGHT), ("real", REAL)):
+            picked = [(a, b) for res, a, b in measured if names is None or res["model"] in names]
+            if not picked or (names is not None and len(picked) == len(measured)):
+                continue
+            g_run, g_iob = geomean([a for a, _ in picked]), geomean([b for _, b in picked])
+            label = "geometric mean" if names is None else f"  {group} models"
+            lines.append(f"{label:<18}{'':>5}{'':>18}{'':>18}{'':>18}{g_run:>8.2f}{g_iob:>8.2f}"
+                         f"   ({len(picked)} models)")
+            summary[str(n)][group] = {"geomean_vs_run": g_run, "geomean_vs_iobinding": g_iob, "models": len(picked)}
     return "\n".join(lines), summary
 
 
@@ -301,7 +316,7 @@ def chart(results: list[dict], threads: list[int], path: str) -> None:
 
 
 def default_models() -> list[str]:
-    names = LIGHT + ["mlp", "preprocess", "transformer", "big_mlp"]
+    names = LIGHT + REAL + ["mlp", "preprocess", "transformer", "big_mlp"]
     try:
         if omrt_has("Resize"):
             names.append("preprocess_resize")
@@ -312,7 +327,7 @@ def default_models() -> list[str]:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--models", help=f"comma-separated, from {', '.join(LIGHT + SYNTHETIC)} or .onnx paths "
+    ap.add_argument("--models", help=f"comma-separated, from {', '.join(LIGHT + REAL + SYNTHETIC)} or .onnx paths "
                     "(default: the whole suite)")
     ap.add_argument("--runs", type=int, default=50, help="timed runs per variant and thread count (default 50)")
     ap.add_argument("--warmup", type=int, default=None, help="warm-up runs per variant (default min(5, runs))")
@@ -340,6 +355,9 @@ def main(argv=None) -> int:
         return 0
 
     models = [m.strip() for m in args.models.split(",") if m.strip()] if args.models else default_models()
+    machine = host()
+    print(f"host: {machine['cpu']}, {machine['isa']}, {os.cpu_count()} CPUs; numpy's OpenBLAS runs its "
+          f"{machine['blas_core']} kernels")
     print(f"omrt vs ONNX Runtime: {len(models)} models, threads {args.threads}, {args.runs} timed runs "
           f"(budget {args.budget:g} s per variant), {args.warmup} warm-up runs, blocks of {args.block} "
           f"{args.settle:g} s apart")
@@ -375,7 +393,7 @@ def main(argv=None) -> int:
         import platform
 
         doc = {"args": {k: v for k, v in vars(args).items() if k not in ("worker", "json", "png")},
-               "python": platform.python_version(), "cpus": os.cpu_count(),
+               "python": platform.python_version(), "cpus": os.cpu_count(), **machine,
                "loadavg_before": load_before, "loadavg_after": load_after, "results": results,
                "summary": summary}
         with open(args.json, "w") as f:

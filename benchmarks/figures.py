@@ -41,6 +41,30 @@ def cpu_name() -> str:
     return names[0] if names else platform.processor() or "unknown CPU"
 
 
+def cpu_isa() -> str:
+    """The widest vector instruction set the CPU offers, as /proc/cpuinfo's flags tell it:
+    "AVX-512", "AVX2", "AVX", "SSE4.2", "NEON" (aarch64), or "unknown"."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = set(next((line.split(":", 1)[1].split() for line in f
+                              if line.startswith(("flags", "Features"))), []))
+    except OSError:
+        flags = set()
+    for flag, name in (("avx512f", "AVX-512"), ("avx2", "AVX2"), ("avx", "AVX"), ("sse4_2", "SSE4.2"),
+                       ("asimd", "NEON")):
+        if flag in flags:
+            return name
+    return "unknown"
+
+
+def host() -> dict[str, str]:
+    """The CPU, its vector ISA, and the kernels numpy's OpenBLAS chose for it: what decides the
+    BLAS's summation order and speed on this host."""
+    from omrt.native.blas import openblas
+
+    return {"cpu": cpu_name(), "isa": cpu_isa(), "blas_core": openblas().core or "not OpenBLAS"}
+
+
 def parse(description: str, figures: tuple[str, ...], hidden: tuple[str, ...], argv) -> argparse.Namespace:
     """`--only FIGURE` and `--json FILE`; `hidden` are the workers' own options (and `--fd`)."""
     ap = argparse.ArgumentParser(description=description)

@@ -29,7 +29,7 @@ def test_compare_runs_on_squeezenet(tmp_path):
         assert rec[variant]["runs"] == 2 and rec[variant]["median_ms"] > 0
     assert rec["ratio_vs_run"] > 0 and rec["ratio_vs_iobinding"] > 0
     assert "bytes_copied_per_run" in rec and rec["check"]
-    assert doc["summary"]["1"]["models"] == 1
+    assert doc["summary"]["1"]["all"]["models"] == 1
 
 
 def test_plans_benchmark_uses_the_stored_plans(tmp_path):

@@ -1,5 +1,5 @@
-"""The BLAS numpy uses, found in this process: OpenBLAS's thread count setter and getter, and its
-CBLAS sgemm and sgemv, which the native kernels multiply through (so that they share numpy's
+"""The BLAS numpy uses, found in this process: OpenBLAS's thread count setter and getter, the
+name of the CPU kernels it chose, and its CBLAS sgemm and sgemv, which the native kernels multiply through (so that they share numpy's
 BLAS and its thread setting)."""
 
 from __future__ import annotations
@@ -51,6 +51,8 @@ class OpenBlas:
         self.set: Callable[[int], None] | None = None
         self.get: Callable[[], int] | None = None
         self.cblas: tuple[int, int, bool] | None = None
+        self.core: str | None = None
+        """The CPU kernels OpenBLAS chose for this host ("Haswell", "SkylakeX", ...)."""
         mode = getattr(os, "RTLD_NOLOAD", 0) | getattr(os, "RTLD_LAZY", 0) or ctypes.DEFAULT_MODE
         for path in _loaded_libraries():
             try:
@@ -63,6 +65,7 @@ class OpenBlas:
                     set_fn.argtypes, set_fn.restype = [ctypes.c_int], None
                     get_fn.argtypes, get_fn.restype = [], ctypes.c_int
                     self.set, self.get = set_fn, get_fn
+                    self.core = _corename(lib, getter.replace("get_num_threads", "get_corename"))
                     self.cblas = next(((_address(lib, f"{pre}sgemm{post}"), _address(lib, f"{pre}sgemv{post}"), ilp64)
                                        for pre, post, ilp64 in _CBLAS_PREFIXES
                                        if hasattr(lib, f"{pre}sgemm{post}") and hasattr(lib, f"{pre}sgemv{post}")),
@@ -80,6 +83,15 @@ def blas_threads() -> int | None:
     """The OpenBLAS thread count now, or None when no OpenBLAS is found."""
     blas = openblas()
     return blas.get() if blas.get is not None else None
+
+
+def _corename(lib: ctypes.CDLL, symbol: str) -> str | None:
+    if not hasattr(lib, symbol):
+        return None
+    fn = getattr(lib, symbol)
+    fn.argtypes, fn.restype = [], ctypes.c_char_p
+    name = fn()
+    return name.decode(errors="replace") if name else None
 
 
 def _address(lib: ctypes.CDLL, name: str) -> int:
