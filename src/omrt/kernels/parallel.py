@@ -107,10 +107,10 @@ process started (what csrc/workers.c counts for the native pool; items run alone
 slot): they only grow."""
 
 
-def busy_seconds(threads: int) -> list[float]:
-    """Seconds each of the first `threads` slots (0: the calling thread) has spent on its shares
-    of split parallel_for calls so far; a profile subtracts two readings."""
-    return [_busy[slot] * 1e-9 for slot in range(threads)]
+def busy_ns(threads: int) -> list[int]:
+    """Nanoseconds each of the first `threads` slots (0: the calling thread) has spent on its
+    shares of split parallel_for calls so far; a profile subtracts two readings."""
+    return [_busy[slot] for slot in range(threads)]
 
 
 _local = threading.local()

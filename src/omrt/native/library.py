@@ -94,12 +94,12 @@ class Library:
         return ctypes.cast(self._cdll.omrt_parallel, ctypes.c_void_p).value
 
     def pool_busy(self, threads: int) -> np.ndarray:
-        """Seconds each of the worker pool's first `threads` threads (0: the calling one) has
-        spent running items since the library loaded: they only grow, so a profile subtracts two
-        readings. The pool belongs to the library, so every model sharing it adds to them."""
+        """Nanoseconds each of the worker pool's first `threads` threads (0: the calling one) has
+        spent on its shares of jobs since the library loaded: they only grow, so a profile
+        subtracts two readings. The pool belongs to the library: every model sharing it adds."""
         ns = np.zeros(threads, np.int64)
         self._pool_busy(*POOL_BUSY.check([ns, threads]))
-        return ns * 1e-9
+        return ns
 
     def calls(self) -> dict[str, int]:
         """symbol -> how many times this model ran it."""
