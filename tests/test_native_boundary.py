@@ -63,6 +63,7 @@ def _calls() -> dict:
         bindings.MATMUL: [_f32(3, 4), _f32(4, 5), _f32(5), _f32(3, 5), 1, 3, 5, 4, 4, 5, 5, 0, 0, 0, 0, 0, 1,
                           0, 0.0, 0.0],
         bindings.GELU: [_f32(100), _f32(100), cdf, slope, 100, 1],
+        bindings.POOL_BUSY: [np.zeros(4, np.int64), 4],
     }
 
 
@@ -135,6 +136,7 @@ BROKEN_RULES = [
     (bindings.GELU, 4, 101, r"x must hold n = 101 floats"),
     (bindings.GELU, 5, 0, r"threads must be an integer >= 1"),
     (bindings.POOL2D, 17, -1, r"PT must be an integer >= 0"),
+    (bindings.POOL_BUSY, 1, 65, r"requires n <= POOL_THREADS"),
 ]
 
 

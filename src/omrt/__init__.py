@@ -15,7 +15,8 @@ from .custom import CustomOp
 from .kernels.custom import OutputRule
 from .kernels.parallel import get_num_threads, set_num_threads
 from .memory import Memory
-from .runtime import IOPool, IOSet, IOSpec, Model, Session, Stats, WeightSlots, arena_size, load, run_op
+from .runtime import (IOPool, IOSet, IOSpec, Model, OpThreads, Session, Stats, ThreadProfile, WeightSlots, arena_size,
+                      load, run_op)
 from .version import __version__
 
 if TYPE_CHECKING:
@@ -54,7 +55,7 @@ def repack(src: str | os.PathLike, dst: str | os.PathLike, add: Sequence[Any] = 
 
 
 __all__ = ["AllocationError", "BindError", "CompileError", "CustomOp", "FormatError", "IOSpec", "InputError",
-           "KernelError", "IOPool", "IOSet", "Memory", "Model", "OmrtError", "OutputRule", "Session", "ShapeError",
-           "SignatureError", "Stats", "UnsupportedOpError", "WeightSlots", "arena_size", "compile",
+           "KernelError", "IOPool", "IOSet", "Memory", "Model", "OmrtError", "OpThreads", "OutputRule", "Session",
+           "ShapeError", "SignatureError", "Stats", "ThreadProfile", "UnsupportedOpError", "WeightSlots", "arena_size", "compile",
            "get_num_threads", "load", "repack", "run_op",
            "set_num_threads"]

@@ -8,11 +8,14 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
 from .errors import OmrtError
+
+if TYPE_CHECKING:
+    from .runtime import OpThreads, Session
 
 
 def _shape_arg(text: str) -> tuple[str, tuple[int, ...]]:
@@ -148,16 +151,36 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"latency over {len(times)} runs: median {statistics.median(times) * 1e3:.3f} ms, "
               f"min {min(times) * 1e3:.3f} ms")
     if args.profile:
-        per_op = sess.profile(repeat=max(args.repeat, 1))
-        total = sum(per_op.values())
-        print(f"time per op type and fused chain (mean of {max(args.repeat, 1)} runs, {total * 1e3:.3f} ms in "
-              f"kernels):")
-        width = max([24] + [len(op) + 2 for op in per_op])
-        for op, sec in per_op.items():
-            print(f"  {op:<{width}}{sec * 1e3:10.3f} ms  {100 * sec / total:5.1f}%")
+        _print_profile(sess, max(args.repeat, 1), args.threads)
     s = sess.stats
     print(f"runs {s.runs}, bytes copied {s.bytes_copied}, arena {s.arena_bytes}, lower bound {s.lower_bound}")
     return 0
+
+
+def _print_profile(sess: Session, repeat: int, threads: int) -> None:
+    """Time per op type and fused chain; with several threads, each one's busy time during it and
+    how much of the other threads' time idled, then the same over whole runs."""
+    prof = sess.profile_threads(repeat=repeat)
+    total = sum(op.seconds for op in prof.ops.values())
+    print(f"time per op type and fused chain (mean of {repeat} runs, {total * 1e3:.3f} ms in kernels):")
+    width = max([24] + [len(op) + 2 for op in prof.ops])
+    if threads > 1:
+        busy = "".join(f"{f'busy t{t}':>10}" for t in range(threads))
+        print(f"  {'':<{width}}{'ms/run':>10}  {'share':>6}{busy}  {'idle t1+':>8}")
+    for op, fig in prof.ops.items():
+        line = f"  {op:<{width}}{fig.seconds * 1e3:10.3f} ms  {100 * fig.seconds / total:5.1f}%"
+        print(line + _thread_columns(fig) if threads > 1 else line)
+    if threads > 1:
+        run = prof.run
+        print(f"whole run: {run.seconds * 1e3:.3f} ms; the other threads were busy "
+              f"{', '.join(f'{b * 1e3:.3f}' for b in run.busy[1:])} ms of it: idle {100 * run.idle:.1f}%")
+        print("busy: time on omrt's split work (its native pool and its own threads); work that runs "
+              "elsewhere (numpy, OpenBLAS, a kernel that does not split) leaves threads t1+ idle")
+
+
+def _thread_columns(fig: OpThreads) -> str:
+    """Each thread's busy ms and the other threads' idle share, as table columns."""
+    return "".join(f"{b * 1e3:10.3f}" for b in fig.busy) + f"  {100 * fig.idle:7.1f}%"
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:

@@ -36,6 +36,10 @@ _PADDED_PLANE = "(2 * OH + (KH - 1) * DH) * (OW + (KW - 1) * DW)"
 
 USE_BLAS = Function("workers", "omrt_use_blas", (Address("sgemm"), Address("sgemv"), Int("ilp64")))
 
+POOL_BUSY = Function("workers", "omrt_pool_busy", (Array("ns", "n", write=True, dtype="int64"), Int("n")),
+                     requires=("n <= POOL_THREADS",))
+"""The nanoseconds each of the worker pool's first n threads spent running items so far."""
+
 DWCONV2D = Function(
     "conv", "omrt_dwconv2d_f32",
     (Array("x", "N * (M // mult) * H * W"), Array("w", "M * KH * KW"), Array("bias", "M", optional=True),
@@ -107,5 +111,5 @@ GELU = Function(
     (Array("x", "n"), Array("y", "n", write=True), Array("cdf", "GELU_NODES"), Array("slope", "GELU_NODES"),
      Int("n"), Int("threads", 1)))
 
-FUNCTIONS = (USE_BLAS, DWCONV2D, IM2COL2D, CONV2D, POOL2D, WINOGRAD, MATMUL, GELU)
+FUNCTIONS = (USE_BLAS, POOL_BUSY, DWCONV2D, IM2COL2D, CONV2D, POOL2D, WINOGRAD, MATMUL, GELU)
 """Every exported C function, the library's entry point first."""

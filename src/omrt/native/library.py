@@ -15,8 +15,10 @@ import hashlib
 import os
 from typing import Any, Callable
 
+import numpy as np
+
 from .blas import blas_functions
-from .bindings import USE_BLAS
+from .bindings import POOL_BUSY, USE_BLAS
 from .signature import Function
 
 CORE = "workers"
@@ -80,6 +82,7 @@ class Library:
             raise OSError(f"not an omrt kernel library of ABI {kernel_abi()}: it has no {USE_BLAS.symbol}")
         if cblas is not None:
             self._cfunc(USE_BLAS)(*USE_BLAS.check(cblas))
+        self._pool_busy = self._cfunc(POOL_BUSY)
 
     def _cfunc(self, fn: Function) -> Callable:
         cfunc = getattr(self._cdll, fn.symbol)
@@ -90,14 +93,22 @@ class Library:
         """The address of the worker pool's entry (`omrt_parallel`, csrc/workers.c)."""
         return ctypes.cast(self._cdll.omrt_parallel, ctypes.c_void_p).value
 
+    def pool_busy(self, threads: int) -> np.ndarray:
+        """Nanoseconds each of the worker pool's first `threads` threads (0: the calling one) has
+        spent on its shares of jobs since the library loaded: they only grow, so a profile
+        subtracts two readings. The pool belongs to the library: every model sharing it adds."""
+        ns = np.zeros(threads, np.int64)
+        self._pool_busy(*POOL_BUSY.check([ns, threads]))
+        return ns
+
     def calls(self) -> dict[str, int]:
         """symbol -> how many times this model ran it."""
         return {symbol: bound.calls for symbol, bound in self._bound.items() if bound.calls}
 
     def get(self, fn: Function) -> Bound | None:
         """The checked callable for `fn`, or None when the library was built without its unit
-        (or it multiplies and there is no BLAS to call)."""
-        if fn.unit not in self.units or (fn.blas and not self.blas):
+        (or it multiplies and there is no BLAS to call); the core's are in every library."""
+        if (fn.unit not in self.units and fn.unit != CORE) or (fn.blas and not self.blas):
             return None
         hit = self._bound.get(fn.symbol)
         if hit is None:

@@ -2,9 +2,9 @@
 
 A `Function` names each argument of its C prototype, in order, with its kind:
 
-- `Array`: a pointer to float32 data; the Python side passes a C-contiguous numpy array (or
-  None where the argument may be NULL), and `size` says how many floats the C code may touch,
-  as an expression of the integer arguments.
+- `Array`: a pointer to float32 data (int64 where it says so); the Python side passes a
+  C-contiguous numpy array (or None where the argument may be NULL), and `size` says how many
+  elements the C code may touch, as an expression of the integer arguments.
 - `Matrix`: a pointer to a float32 matrix (or stack of them) that the C code reads through a
   pitch, as BLAS does; the array passed must be exactly the view those integers describe.
 - `Int` (int64_t) and `Float` (float) scalars, and `Address` (void *) for entry points omrt
@@ -33,10 +33,14 @@ from ..errors import KernelError
 
 F32 = np.dtype(np.float32)
 
+C_TYPES = {"float32": "float", "int64": "int64_t"}
+"""The element types an Array may have, and how C declares them."""
+
 
 @dataclass(frozen=True)
 class Array:
-    """`const float *name` (`float *name` when written), C-contiguous, `size` floats."""
+    """`const float *name` (`float *name` when written; `int64_t` for int64), C-contiguous, `size`
+    elements of `dtype`."""
 
     name: str
     size: str
@@ -44,6 +48,13 @@ class Array:
     optional: bool = False
     scratch: bool = False
     """Workspace bytes of any dtype (sized in floats, 4-byte aligned), not a float32 tensor."""
+    dtype: str = "float32"
+    """The elements' type, a key of C_TYPES (int64: counters the C code fills)."""
+
+    @property
+    def unit(self) -> str:
+        """What `size` counts, for messages: floats, or int64 values."""
+        return "floats" if self.dtype == "float32" else f"{self.dtype} values"
 
 
 @dataclass(frozen=True)
@@ -95,7 +106,8 @@ _SCALAR_DECLARATIONS = {Address: "void *", Int: "int64_t ", Float: "float "}
 def declaration(arg: Arg) -> str:
     """How the C prototype declares `arg`: `const float *x`, `int64_t n`, ..."""
     if isinstance(arg, (Array, Matrix)):
-        return f"{'' if arg.write else 'const '}float *{arg.name}"
+        element = C_TYPES[arg.dtype] if isinstance(arg, Array) else "float"
+        return f"{'' if arg.write else 'const '}{element} *{arg.name}"
     return _SCALAR_DECLARATIONS[type(arg)] + arg.name
 
 PROVED = 256
@@ -104,9 +116,11 @@ PROVED = 256
 CONSTANTS = {
     "MAX_TAPS": 1 << 16,
     "GELU_NODES": 13 * 1024 + 1,
+    "POOL_THREADS": 64,
 }
 """Names the contracts may use: the widest window the loops take (they keep two int64 per tap on
-the stack), and the nodes of Gelu's table (1/1024 apart over [-7, 6], csrc/elementwise.c)."""
+the stack), the nodes of Gelu's table (1/1024 apart over [-7, 6], csrc/elementwise.c), and the
+threads of the worker pool, the caller's included (csrc/workers.c)."""
 
 
 def _tuple(items: Sequence[str]) -> str:
@@ -208,25 +222,27 @@ class Function:
         self._proved[key] = needs
         return needs
 
-    def _array(self, arg: Array, a: Any, floats: int) -> int | None:
+    def _array(self, arg: Array, a: Any, count: int) -> int | None:
         if a is None:
-            if arg.optional or floats == 0:
+            if arg.optional or count == 0:
                 return None
-            raise self._fail(f"{arg.name} may not be NULL: it must hold {arg.size} = {floats} floats")
-        if type(a) is not np.ndarray or (a.dtype != F32 and not arg.scratch):
-            raise self._fail(f"{arg.name} must be a float32 array, got "
+            raise self._fail(f"{arg.name} may not be NULL: it must hold {arg.size} = {count} {arg.unit}")
+        if type(a) is not np.ndarray or (a.dtype != arg.dtype and not arg.scratch):
+            article = "an" if arg.dtype[0] in "aeiou" else "a"
+            raise self._fail(f"{arg.name} must be {article} {arg.dtype} array, got "
                              f"{a.dtype if isinstance(a, np.ndarray) else type(a).__name__}")
         flags = a.flags
         if not flags.c_contiguous:
             raise self._fail(f"{arg.name} must be C-contiguous")
         if arg.write and not flags.writeable:
             raise self._fail(f"{arg.name} is written but the array is read-only")
-        if a.nbytes < 4 * floats:
-            raise self._fail(f"{arg.name} must hold {arg.size} = {floats} floats, the array holds "
-                             f"{a.nbytes // 4}")
+        size = 4 if arg.scratch else a.itemsize
+        if a.nbytes < size * count:
+            raise self._fail(f"{arg.name} must hold {arg.size} = {count} {arg.unit}, the array holds "
+                             f"{a.nbytes // size}")
         start = address(a)
-        if start % 4:
-            raise self._fail(f"{arg.name} must be aligned to 4 bytes")
+        if start % size:
+            raise self._fail(f"{arg.name} must be aligned to {size} bytes")
         return start
 
     @staticmethod

@@ -9,9 +9,10 @@ from .io import Stats
 from .model import Model, arena_size, load
 from .pool import IOPool, IOSet
 from .prepare import IOSpec
+from .profile import OpThreads, ThreadProfile
 from .session import Session
 from .single_op import run_op
 from .slots import WeightSlots
 
-__all__ = ["IOPool", "IOSet", "IOSpec", "Model", "Session", "Stats", "WeightSlots", "arena_size", "load",
-           "run_op"]
+__all__ = ["IOPool", "IOSet", "IOSpec", "Model", "OpThreads", "Session", "Stats", "ThreadProfile", "WeightSlots",
+           "arena_size", "load", "run_op"]

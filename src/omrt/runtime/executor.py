@@ -17,8 +17,6 @@ only those slots.
 from __future__ import annotations
 
 import math
-import time
-from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -32,6 +30,7 @@ from ..kernels.fused import is_fused
 from ..plan import ARENA, INPUT, OUTPUT, WEIGHT, Task
 from ..plan.infer import context, execute, infer_outputs, info_of
 from .prepare import Prepared, kernel_for
+from .profile import Tally
 from .stream import WeightStream
 
 Slot = tuple[list, int, int, tuple]
@@ -226,30 +225,32 @@ class Executor:
                 return value.copy()
         return value
 
-    def run(self, values: Mapping[str, Any], timings: Counter | None = None) -> dict[str, Any]:
+    def run(self, values: Mapping[str, Any], tally: Tally | None = None) -> dict[str, Any]:
         """Run every instruction in order; returns the run-time values by name (`values`, the
-        sequence and optional inputs, included). `timings` adds each op type's (each fused chain's)
-        wall time."""
+        sequence and optional inputs, included). `tally` adds each op type's (each fused chain's)
+        wall time, and its threads' busy time when it reads them."""
         found: dict[str, Any] = dict(values)
         if self.stream is not None:
-            return self._run_streamed(found, timings)
-        if timings is None:
+            return self._run_streamed(found, tally)
+        if tally is None:
             for step in self.instructions:
                 step.execute(found, self)
             return found
         for step in self.instructions:
-            self._timed(step, found, timings)
+            self._timed(step, found, tally)
         return found
 
-    def _timed(self, step: Instruction, found: dict[str, Any], timings: Counter | None) -> None:
-        t0 = time.perf_counter()
+    def _timed(self, step: Instruction, found: dict[str, Any], tally: Tally | None) -> None:
+        if tally is None:
+            step.execute(found, self)
+            return
+        mark = tally.start()
         try:
             step.execute(found, self)
         finally:
-            if timings is not None:
-                timings[profile_key(step.node)] += time.perf_counter() - t0
+            tally.stop(profile_key(step.node), mark)
 
-    def _run_streamed(self, found: dict[str, Any], timings: Counter | None) -> dict[str, Any]:
+    def _run_streamed(self, found: dict[str, Any], tally: Tally | None) -> dict[str, Any]:
         """The loop with streamed weights: each task waits for the weights it reads first, and
         frees the slots of those it reads last."""
         stream = self.stream
@@ -258,7 +259,7 @@ class Executor:
         try:
             for t, step in enumerate(self.instructions):
                 stream.before(run, t)
-                self._timed(step, found, timings)
+                self._timed(step, found, tally)
                 stream.after(run, t)
             completed = True
         finally:

@@ -10,17 +10,18 @@ the arena itself may be caller memory, shared by sessions that run one after ano
 from __future__ import annotations
 
 import threading
-from collections import Counter
 from typing import TYPE_CHECKING, Any, Mapping
 
 import numpy as np
 
 from ..errors import BindError, InputError
+from ..kernels.parallel import get_num_threads
 from ..memory import ALIGN, Memory, align, aligned_empty
 from ..plan import DYNAMIC
 from .executor import Executor
 from .io import Stats, as_array, as_value, owned, span
 from .prepare import IOSpec, Prepared
+from .profile import RUN, Tally, ThreadProfile, pool_reader
 from .stream import WeightStream
 
 if TYPE_CHECKING:
@@ -306,12 +307,29 @@ class Session:
     def profile(self, feeds: Mapping[str, Any] | None = None, repeat: int = 10) -> dict[str, float]:
         """Run `repeat` times timing every kernel; mean seconds per run by op type (each fused chain
         by its name), slowest first."""
-        totals: Counter = Counter()
-        for _ in range(repeat):
-            self._run(feeds, totals)
-        return {op: sec / repeat for op, sec in totals.most_common()}
+        tally = self._profiled(feeds, repeat, Tally())
+        return {op: sec / repeat for op, sec in tally.wall.most_common() if op != RUN}
 
-    def _run(self, feeds: Mapping[str, Any] | None, timings: Counter | None = None) -> dict[str, Any]:
+    def profile_threads(self, feeds: Mapping[str, Any] | None = None, repeat: int = 10) -> ThreadProfile:
+        """Run `repeat` times on omrt's threads (`omrt.set_num_threads`), timing every kernel and
+        reading how long each thread spent on omrt's split work meanwhile: per op type (slowest
+        first) and for the whole run, mean wall seconds, each thread's busy seconds, and the
+        share of the second and later threads' time they idled. Work outside omrt's threads
+        (numpy, OpenBLAS, kernels that do not split) idles them: that is where to look. The
+        counters belong to the process, so profile with no other run going."""
+        threads = get_num_threads()
+        tally = self._profiled(feeds, repeat, Tally(pool_reader(self.model.native, threads)))
+        return tally.profile(threads, repeat)
+
+    def _profiled(self, feeds: Mapping[str, Any] | None, repeat: int, tally: Tally) -> Tally:
+        """`tally` after `repeat` runs that add every task's figures to it, and each run's."""
+        for _ in range(repeat):
+            mark = tally.start()
+            self._run(feeds, tally)
+            tally.stop(RUN, mark)
+        return tally
+
+    def _run(self, feeds: Mapping[str, Any] | None, tally: Tally | None = None) -> dict[str, Any]:
         feeds = dict(feeds or {})
         arrays, values = self._gather_inputs(feeds)
         if not self._running.acquire(blocking=False):
@@ -324,7 +342,7 @@ class Session:
             self._place_inputs(arrays, feeds)
             results, late = self._place_outputs()
             self._bracket("begin")
-            found = self._executor.run(values, timings)
+            found = self._executor.run(values, tally)
             self._bracket("end")
             self._finish_outputs(results, late, found)
         finally:

@@ -1,7 +1,8 @@
 /* Shared definitions of omrt's native kernel units (omrt/native/bindings.py states each exported
  * function's contract, which Python checks before every call).
  *
- * Every exported function takes float32 arrays and int64 sizes and returns nothing;
+ * Every exported function takes float32 arrays and int64 sizes and returns nothing (the pool's
+ * omrt_pool_busy fills int64 counters);
  * a `threads` argument says how many of the worker pool's threads (workers.c) it may spread its
  * work over, each with its part of any scratch it is given. Hot loops are compiled once per
  * x86-64 level and picked at load time by the dynamic loader, so one library runs on any x86-64

@@ -8,6 +8,11 @@
  * a call that finds the pool busy (another thread's run, or a call from inside an item) runs its
  * items itself. A forked child starts with no workers and makes new ones on first use. The
  * library is never unloaded (see omrt.native.loader), so the workers live as long as the process.
+ *
+ * Each thread adds the time of its share of a job to a counter of its own (thread 0: the caller;
+ * items a call runs alone, without the pool, count for no thread), two clock reads per thread
+ * per call, so the counters are always on: a profile reads them between tasks (omrt_pool_busy)
+ * to tell how busy each core was during each op.
  */
 #define _POSIX_C_SOURCE 200809L
 #include "omrt_native.h"
@@ -26,6 +31,7 @@
 #endif
 
 #define MAX_WORKERS 63
+#define POOL_THREADS (MAX_WORKERS + 1)
 #define SPIN_NS 300000
 /* Spinning threads yield their core every YIELD_EVERY pauses (tens of microseconds): when more
  * threads are runnable than there are cores (another process's, or a worker that was preempted
@@ -54,18 +60,32 @@ static struct {
     pthread_t threads[MAX_WORKERS];
 } P = {.busy = PTHREAD_MUTEX_INITIALIZER, .sleep_lock = PTHREAD_MUTEX_INITIALIZER, .wake = PTHREAD_COND_INITIALIZER};
 
+/* Nanoseconds each pool thread spent on its shares of jobs, one cache line each: each worker
+ * writes only its own, and thread 0's only the caller that holds the pool. */
+static struct {
+    _Alignas(64) _Atomic int64_t ns;
+} busy_time[POOL_THREADS];
+
 static int64_t now_ns(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
+/* Run items of `j` until none is left (this thread's share), adding its time to the thread's
+ * busy counter. */
 static void take_items(job_t *j, int64_t thread) {
-    int64_t i;
+    int64_t t0 = now_ns(), i;
     while ((i = atomic_fetch_add(&j->next, 1)) < j->count) {
         j->fn(j->ctx, i, thread);
         atomic_fetch_add_explicit(&j->done, 1, memory_order_release);
     }
+    atomic_fetch_add_explicit(&busy_time[thread].ns, now_ns() - t0, memory_order_relaxed);
+}
+
+/* The busy nanoseconds of pool threads 0..n-1 so far (they only grow; a profile subtracts). */
+OMRT_EXPORT void omrt_pool_busy(int64_t *ns, int64_t n) {
+    for (int64_t t = 0; t < n; t++) ns[t] = atomic_load_explicit(&busy_time[t].ns, memory_order_relaxed);
 }
 
 /* Wait until the epoch moves past `seen`: spin first, then sleep. */

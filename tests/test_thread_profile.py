@@ -1,0 +1,101 @@
+"""Session.profile_threads and `omrt run --profile --threads N`: each op type's wall time and how
+busy each of omrt's threads was during it. Only facts that hold on any host are asserted
+(presence, zero against non-zero, monotonic counters), never timing ratios."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import re
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import omrt
+from omrt.cli import main as cli
+from omrt.runtime.profile import OpThreads
+
+RNG = np.random.default_rng(0)
+
+
+def conv_then_transpose():
+    """A 5x5 Conv big enough to split over two threads (no Winograd rewrite for 5x5), then a
+    Transpose, which runs in numpy on the calling thread."""
+    w = numpy_helper.from_array(RNG.standard_normal((32, 16, 5, 5)).astype(np.float32) * 0.1, "w")
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[2, 2, 2, 2]),
+             helper.make_node("Transpose", ["c"], ["y"], perm=[0, 2, 3, 1])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 32, 32])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 32, 32, 32])], [w])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.fixture
+def conv_om(tmp_path) -> str:
+    path = str(tmp_path / "conv.om")
+    omrt.compile(conv_then_transpose(), path, autofuse=False)
+    return path
+
+
+def _feeds() -> dict:
+    return {"x": RNG.standard_normal((1, 16, 32, 32)).astype(np.float32)}
+
+
+def _profile(path: str, trust: bool) -> omrt.ThreadProfile:
+    model = omrt.load(path, trust_kernels=trust)
+    if trust and model.native is None:
+        pytest.skip("no native library for this host")
+    omrt.set_num_threads(2)
+    return model.session().profile_threads(_feeds(), repeat=3)
+
+
+@pytest.mark.parametrize("trust", [True, False], ids=["native pool", "python threads"])
+def test_a_split_conv_keeps_both_threads_busy_and_a_numpy_op_idles_the_second(conv_om, trust):
+    prof = _profile(conv_om, trust)
+    assert prof.threads == 2 and list(prof.ops) == sorted(prof.ops, key=lambda k: -prof.ops[k].seconds)
+    conv, transpose = prof.ops["Conv"], prof.ops["Transpose"]
+    assert conv.seconds > 0 and len(conv.busy) == 2
+    assert conv.busy[0] > 0 and conv.busy[1] > 0 and 0 <= conv.idle < 1
+    assert transpose.busy == (0.0, 0.0) and transpose.idle == 1.0
+    assert prof.run.seconds >= conv.seconds + transpose.seconds
+    assert prof.run.busy[1] == pytest.approx(conv.busy[1] + transpose.busy[1])  # nothing splits between tasks
+
+
+def test_the_pool_counters_only_grow_and_stay_still_between_runs(conv_om):
+    model = omrt.load(conv_om, trust_kernels=True)
+    if model.native is None:
+        pytest.skip("no native library for this host")
+    omrt.set_num_threads(2)
+    sess = model.session()
+    before = model.native.pool_busy(2)
+    assert before.dtype == np.int64 and (model.native.pool_busy(2) == before).all()
+    sess.run(_feeds())
+    after = model.native.pool_busy(2)
+    assert (after >= before).all() and after[1] > before[1]
+    assert (model.native.pool_busy(2) == after).all()
+
+
+def test_one_thread_reads_no_counters_and_profile_keeps_its_result(conv_om):
+    sess = omrt.load(conv_om, trust_kernels=True).session()
+    prof = sess.profile_threads(_feeds(), repeat=2)
+    assert prof.threads == 1 and set(prof.ops) == {"Conv", "Transpose"}
+    assert all(op.busy == () and op.idle is None for op in prof.ops.values())
+    per_op = sess.profile(_feeds(), repeat=2)
+    assert set(per_op) == {"Conv", "Transpose"} and all(isinstance(v, float) and v > 0 for v in per_op.values())
+
+
+def test_idle_is_the_other_threads_unused_share():
+    assert OpThreads(2.0, (2.0, 0.5)).idle == pytest.approx(0.75)
+    assert OpThreads(1.0, (1.0, 1.0, 0.0)).idle == pytest.approx(0.5)
+    assert OpThreads(1.0, (1.0,)).idle is None and OpThreads(0.0, (0.0, 0.0)).idle is None
+
+
+def test_cli_profile_prints_each_threads_busy_time_and_the_idle_share(conv_om):
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert cli(["run", conv_om, "--trust-kernels", "--profile", "--threads", "2", "--repeat", "2"]) == 0
+    text = out.getvalue()
+    assert all(column in text for column in ("ms/run", "share", "busy t0", "busy t1", "idle t1+"))
+    assert re.search(r"\n  Transpose +[0-9.]+ ms +[0-9.]+% +0\.000 +0\.000 +100\.0%", text)
+    assert "whole run:" in text and "idle" in text.split("whole run:")[1]
+    assert "leaves threads t1+ idle" in text
