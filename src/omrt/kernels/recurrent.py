@@ -1,8 +1,8 @@
 """Recurrent kernels: RNN, GRU and LSTM on one base (directions, layouts, sequence lengths, activations).
 
-The input projection X @ W^T + biases of every time step is one matmul into the workspace; the
-time loop then only multiplies the hidden state by R, gate by gate in place, in small scratch
-arrays carved from the workspace.
+The input projection X @ W^T + biases of every time step and direction is one matmul into the
+workspace; the time loop then only multiplies the hidden state by R, gate by gate in place, in
+small scratch arrays carved from the workspace.
 """
 
 from __future__ import annotations
@@ -177,8 +177,9 @@ class _Recurrent(Kernel):
         self.acts = [acts[d * per_dir:(d + 1) * per_dir] for d in range(self.dirs)]
         dtype = inputs[0].dtype
         h = self.hidden
-        self.specs = ([((seq, batch, self.gates * h), dtype)] + [((batch, h), dtype)] * self.states
+        self.specs = ([((seq, batch, self.dirs * self.gates * h), dtype)] + [((batch, h), dtype)] * self.states
                       + [((batch, k * h), dtype) for k in self.scratch])
+        """The projection (every direction's gates side by side), the states, the scratch."""
 
     def workspace(self) -> int:
         return carve_size(*self.specs)
@@ -208,23 +209,32 @@ class _Recurrent(Kernel):
             return None
         return a[:, d] if self.layout else a[d]
 
+    def project(self, xs: np.ndarray, w: np.ndarray, b: np.ndarray | None, proj: np.ndarray) -> None:
+        """proj = X W^T + the input biases, every direction's gates side by side: one product for
+        the whole sequence and both directions (of two 2-d matrices when X allows: numpy would
+        take a stack of them one by one)."""
+        wt = w.reshape(-1, w.shape[-1]).T
+        if xs.flags.c_contiguous:
+            np.matmul(xs.reshape(-1, xs.shape[-1]), wt, out=proj.reshape(-1, proj.shape[-1]))
+        else:
+            np.matmul(xs, wt, out=proj)
+        if b is not None:
+            np.add(proj, np.concatenate([self.input_bias(b[d]) for d in range(self.dirs)]), out=proj)
+
     def run(self, inputs, outputs, workspace):
         inputs = list(inputs) + [None] * (8 - len(inputs))
         outputs = list(outputs) + [None] * (1 + self.states - len(outputs))
         x, w, r, b, lens = inputs[:5]
         initial = inputs[5:5 + self.states]
-        xs = x.swapaxes(0, 1) if self.layout else x
-        seq = xs.shape[0]
         proj, *rest = carve(workspace, *self.specs)
+        self.project(x.swapaxes(0, 1) if self.layout else x, w, b, proj)
+        seq, width = proj.shape[0], proj.shape[2] // self.dirs
         states, scratch = rest[:self.states], rest[self.states:]
         masks = None
         if lens is not None and (np.asarray(lens) < seq).any():
             masks = (np.arange(seq)[:, None] < np.asarray(lens)[None, :])[:, :, None]
         y = outputs[0]
         for d in range(self.dirs):
-            np.matmul(xs, w[d].T, out=proj)
-            if b is not None:
-                np.add(proj, self.input_bias(b[d]), out=proj)
             for s, init in zip(states, initial):
                 if init is None:
                     s.fill(0)
@@ -234,7 +244,7 @@ class _Recurrent(Kernel):
             extra = self.direction(inputs, d)
             steps = range(seq - 1, -1, -1) if self.backward[d] else range(seq)
             for t in steps:
-                new = self.cell(d, proj[t], states, rt, extra, scratch)
+                new = self.cell(d, proj[t, :, d * width:(d + 1) * width], states, rt, extra, scratch)
                 mask = None if masks is None else masks[t]
                 for s, n in zip(states, new):
                     np.copyto(s, n, where=True if mask is None else mask)
