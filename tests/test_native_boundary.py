@@ -63,6 +63,10 @@ def _calls() -> dict:
         bindings.MATMUL: [_f32(3, 4), _f32(4, 5), _f32(5), _f32(3, 5), 1, 3, 5, 4, 4, 5, 5, 0, 0, 0, 0, 0, 1,
                           0, 0.0, 0.0],
         bindings.GELU: [_f32(100), _f32(100), cdf, slope, 100, 1],
+        # bidirectional, 3 steps, batch 2, hidden 5, peepholes, layout 1, on two threads
+        bindings.LSTM: [_f32(3, 2, 2, 20), _f32(2, 20, 5), _f32(2, 15), _f32(2, 2, 5), _f32(2, 2, 5),
+                        _f32(2, 3, 2, 5), _f32(2, 2, 5), _f32(2, 2, 5), _f32(2 * (2 * (10 + 64) + 64 * 5)),
+                        2, 3, 2, 5, 1, 0, 2],
     }
 
 
@@ -135,6 +139,8 @@ BROKEN_RULES = [
     (bindings.GELU, 4, 101, r"x must hold n = 101 floats"),
     (bindings.GELU, 5, 0, r"threads must be an integer >= 1"),
     (bindings.POOL2D, 17, -1, r"PT must be an integer >= 0"),
+    (bindings.LSTM, 9, 3, r"requires dirs <= 2"),
+    (bindings.LSTM, 12, 6, r"proj must hold seq \* batch \* dirs \* 4 \* hidden = 288 floats"),
 ]
 
 
@@ -179,7 +185,8 @@ def guarded(a):
     return out
 
 
-library = load([build(["conv", "elementwise", "linalg", "pool", "winograd"], lambda msg: None)], trusted=True)
+units = ["conv", "elementwise", "linalg", "pool", "recurrent", "winograd"]
+library = load([build(units, lambda msg: None)], trusted=True)
 for fn, values in CALLS.items():
     library.get(fn)(*[guarded(v) if isinstance(v, np.ndarray) else v for v in values])
     print(fn.symbol, "ok")
