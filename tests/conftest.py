@@ -103,7 +103,7 @@ def native():
     from omrt.native.build import build
     from omrt.native.loader import load
 
-    record = build(["conv", "elementwise", "linalg", "pool", "winograd"], lambda msg: None)
+    record = build(["conv", "elementwise", "linalg", "pool", "recurrent", "winograd"], lambda msg: None)
     if record is None:
         pytest.skip("no C compiler on this host")
     library = load([record], trusted=True)

@@ -64,6 +64,10 @@ def _calls() -> dict:
                           0, 0.0, 0.0],
         bindings.GELU: [_f32(100), _f32(100), cdf, slope, 100, 1],
         bindings.POOL_BUSY: [np.zeros(4, np.int64), 4],
+        # bidirectional, 3 steps, batch 2, hidden 5, peepholes, layout 1, on two threads
+        bindings.LSTM: [_f32(3, 2, 2, 20), _f32(2, 20, 5), _f32(2, 15), _f32(2, 2, 5), _f32(2, 2, 5),
+                        _f32(2, 3, 2, 5), _f32(2, 2, 5), _f32(2, 2, 5), _f32(2 * (2 * (10 + 64) + 64 * 5)),
+                        2, 3, 2, 5, 1, 0, 2],
     }
 
 
@@ -137,6 +141,8 @@ BROKEN_RULES = [
     (bindings.GELU, 5, 0, r"threads must be an integer >= 1"),
     (bindings.POOL2D, 17, -1, r"PT must be an integer >= 0"),
     (bindings.POOL_BUSY, 1, 65, r"requires n <= POOL_THREADS"),
+    (bindings.LSTM, 9, 3, r"requires dirs <= 2"),
+    (bindings.LSTM, 12, 6, r"proj must hold seq \* batch \* dirs \* 4 \* hidden = 288 floats"),
 ]
 
 
@@ -181,7 +187,8 @@ def guarded(a):
     return out
 
 
-library = load([build(["conv", "elementwise", "linalg", "pool", "winograd"], lambda msg: None)], trusted=True)
+units = ["conv", "elementwise", "linalg", "pool", "recurrent", "winograd"]
+library = load([build(units, lambda msg: None)], trusted=True)
 for fn, values in CALLS.items():
     library.get(fn)(*[guarded(v) if isinstance(v, np.ndarray) else v for v in values])
     print(fn.symbol, "ok")

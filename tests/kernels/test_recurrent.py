@@ -7,10 +7,12 @@ import numpy as np
 import pytest
 from onnx import helper
 
+import omrt
 import omrt.kernels.recurrent  # noqa: F401  (registers the family before the library lists it)
 from omrt.errors import ShapeError
-from omrt.kernels import OpContext, TensorInfo, lookup
-from tests.kernel_check import check, run_kernel
+from omrt.kernels import OpContext, TensorInfo, lookup, parallel
+from omrt.zoo import scaled_error
+from tests.kernel_check import check, reference, run_kernel
 
 rng = np.random.default_rng(0)
 
@@ -159,17 +161,23 @@ def test_lstm_input_forget_with_peepholes():
     compare_ort("LSTM", make_inputs("LSTM", peepholes=True), attrs_for("forward", input_forget=1))
 
 
-def test_optional_outputs_may_be_missing():
-    ins = make_inputs("LSTM")
-    full = run_kernel("LSTM", ins, attrs_for("forward"))
+def run_lstm(ins, attrs, present=(True, True, True), native=None) -> list[np.ndarray | None]:
+    """The LSTM kernel's outputs, with only the `present` ones handed to it (None for the others)."""
     kernel_cls = lookup("LSTM", 14)
-    ctx = OpContext(attrs_for("forward"), 14, "test", "LSTM")
+    ctx = OpContext(attrs, 14, "test", "LSTM", n_outputs=3, native=native)
     infos = [None if a is None else TensorInfo(a.dtype, a.shape) for a in ins]
     outs = kernel_cls.infer(ctx, infos)
     kernel = kernel_cls(ctx, infos, outs)
     ws = np.empty(kernel.workspace(), np.uint8)
-    yh = np.empty(outs[1].shape, outs[1].dtype)
-    kernel.run(ins, [None, yh], ws)
+    results = [np.full(o.shape, np.nan, o.dtype) if p else None for o, p in zip(outs, present)]
+    kernel.run(ins, results, ws)
+    return results
+
+
+def test_optional_outputs_may_be_missing():
+    ins = make_inputs("LSTM")
+    full = run_kernel("LSTM", ins, attrs_for("forward"))
+    _, yh, _ = run_lstm(ins, attrs_for("forward"), present=(False, True, False))
     np.testing.assert_array_equal(yh, full[1])
 
 
@@ -186,3 +194,84 @@ def test_errors():
 def test_empty_batch():
     y, yh = run_kernel("GRU", make_inputs("GRU", batch=0), attrs_for("forward"))
     assert y.shape == (4, 1, 0, 4) and yh.shape == (1, 0, 4)
+
+
+# ------------------------------------------------------------------ LSTM's native time loop
+
+NATIVE = "omrt_lstm_f32"
+
+
+@pytest.fixture
+def threads(request):
+    """Run at request.param threads, splitting even the small layers of these tests."""
+    omrt.set_num_threads(request.param)
+    patch = pytest.MonkeyPatch()
+    patch.setattr(parallel, "NATIVE_SPLIT_FLOPS", 0)
+    yield request.param
+    patch.undo()
+
+
+def native_agrees(native, ins, attrs, present=(True, True, True), ran=True) -> list[np.ndarray | None]:
+    """The native kernel's outputs, asserted to match the numpy path's and onnx.reference's to
+    float32 rounding (whatever order the sums take), and to come from the C loop when `ran`."""
+    before = native.calls().get(NATIVE, 0)
+    got = run_lstm(ins, attrs, present, native)
+    assert native.calls().get(NATIVE, 0) == before + ran
+    numpy_path = run_lstm(ins, attrs, present)
+    want = reference("LSTM", ins, attrs, opset=14, n_outputs=3)
+    for g, n, w in zip(got, numpy_path, want):
+        if g is not None:
+            assert scaled_error(g, n) < 1e-5 and scaled_error(g, w) < 1e-5, (scaled_error(g, n), scaled_error(g, w))
+    return got
+
+
+@pytest.mark.parametrize("threads", [1, 2], indirect=True)
+@pytest.mark.parametrize("direction", ["forward", "reverse", "bidirectional"])
+@pytest.mark.parametrize("batch,hidden", [(1, 1), (3, 7), (1, 128), (3, 33)])
+@pytest.mark.parametrize("initial", [True, False])
+def test_lstm_native_loop(native, threads, direction, batch, hidden, initial):
+    dirs = 2 if direction == "bidirectional" else 1
+    ins = make_inputs("LSTM", seq=6, batch=batch, inp=5, hidden=hidden, dirs=dirs, initial=initial)
+    native_agrees(native, ins, attrs_for(direction, hidden))
+
+
+@pytest.mark.parametrize("threads", [1, 2], indirect=True)
+@pytest.mark.parametrize("layout", [0, 1])
+def test_lstm_native_peepholes_and_layouts(native, threads, layout):
+    ins = make_inputs("LSTM", batch=3, hidden=9, dirs=2, layout=layout, peepholes=True)
+    native_agrees(native, ins, attrs_for("bidirectional", 9, layout=layout))
+
+
+@pytest.mark.parametrize("present", [(False, True, True), (False, False, True), (True, False, False)])
+def test_lstm_native_without_some_outputs(native, present):
+    ins = make_inputs("LSTM", dirs=2)
+    got = native_agrees(native, ins, attrs_for("bidirectional"), present)
+    assert [g is not None for g in got] == list(present)
+
+
+def test_lstm_native_full_sequence_lens(native):
+    native_agrees(native, make_inputs("LSTM", seq=5, batch=3, lens=[5, 5, 5]), attrs_for("forward"))
+
+
+def test_lstm_native_empty_sequence_keeps_initial_state(native):
+    ins = make_inputs("LSTM", seq=0, dirs=2)
+    y, yh, yc = run_lstm(ins, attrs_for("bidirectional"), native=native)
+    assert y.shape == (0, 2, 3, 4) and native.calls()[NATIVE]
+    np.testing.assert_array_equal(yh, ins[5])
+    np.testing.assert_array_equal(yc, ins[6])
+
+
+@pytest.mark.parametrize("attrs,lens", [
+    (attrs_for("bidirectional", clip=0.5), None),
+    (attrs_for("forward", input_forget=1), None),
+    (attrs_for("forward", activations=["Sigmoid", "Tanh", "Relu"]), None),
+    (attrs_for("bidirectional"), [5, 2, 1, 3]),
+])
+def test_lstm_cases_the_native_loop_leaves_to_numpy(native, attrs, lens):
+    dirs = 2 if attrs["direction"] == "bidirectional" else 1
+    ins = make_inputs("LSTM", seq=5, batch=4, dirs=dirs, lens=lens)
+    before = native.calls().get(NATIVE, 0)
+    got = run_lstm(ins, attrs, native=native)
+    assert native.calls().get(NATIVE, 0) == before
+    for g, w in zip(got, compare_ort("LSTM", ins, attrs)):
+        np.testing.assert_array_equal(g, w)

@@ -1,8 +1,9 @@
 """Recurrent kernels: RNN, GRU and LSTM on one base (directions, layouts, sequence lengths, activations).
 
-The input projection X @ W^T + biases of every time step is one matmul into the workspace; the
-time loop then only multiplies the hidden state by R, gate by gate in place, in small scratch
-arrays carved from the workspace.
+The input projection X @ W^T + biases of every time step and direction is one matmul into the
+workspace; the time loop then only multiplies the hidden state by R, gate by gate in place, in
+small scratch arrays carved from the workspace. LSTM runs its time loop in C (csrc/recurrent.c)
+when the model has it and the layer is its common case.
 """
 
 from __future__ import annotations
@@ -12,6 +13,9 @@ from typing import Callable, ClassVar, Iterator, Sequence
 import numpy as np
 
 from ..errors import ShapeError
+from ..native.bindings import LSTM as NATIVE_LSTM
+from ..native.signature import CONSTANTS
+from . import parallel
 from .base import Kernel, OpContext, TensorInfo, carve, carve_size, register
 
 Activation = Callable[[np.ndarray], None]
@@ -171,14 +175,17 @@ class _Recurrent(Kernel):
         if len(names) != per_dir * self.dirs:
             raise ShapeError(f"{ctx.name}: {ctx.op_type} takes {per_dir} activations per direction, "
                              f"got {names}")
+        self.default_acts = [n.lower() for n in names] == [n.lower() for n in self.default_activations] * self.dirs
+        """Whether every direction runs the operator's default activations."""
         alphas = iter(ctx.attr("activation_alpha") or ())
         betas = iter(ctx.attr("activation_beta") or ())
         acts = [_activation(n, alphas, betas, ctx.name) for n in names]
         self.acts = [acts[d * per_dir:(d + 1) * per_dir] for d in range(self.dirs)]
         dtype = inputs[0].dtype
         h = self.hidden
-        self.specs = ([((seq, batch, self.gates * h), dtype)] + [((batch, h), dtype)] * self.states
+        self.specs = ([((seq, batch, self.dirs * self.gates * h), dtype)] + [((batch, h), dtype)] * self.states
                       + [((batch, k * h), dtype) for k in self.scratch])
+        """The projection (every direction's gates side by side), the states, the scratch."""
 
     def workspace(self) -> int:
         return carve_size(*self.specs)
@@ -208,23 +215,47 @@ class _Recurrent(Kernel):
             return None
         return a[:, d] if self.layout else a[d]
 
+    def project(self, xs: np.ndarray, w: np.ndarray, b: np.ndarray | None, proj: np.ndarray) -> None:
+        """proj = X W^T + the input biases, every direction's gates side by side: one product for
+        the whole sequence and both directions (of two 2-d matrices when X allows: numpy would
+        take a stack of them one by one)."""
+        wt = w.reshape(-1, w.shape[-1]).T
+        if xs.flags.c_contiguous:
+            np.matmul(xs.reshape(-1, xs.shape[-1]), wt, out=proj.reshape(-1, proj.shape[-1]))
+        else:
+            np.matmul(xs, wt, out=proj)
+        if b is not None:
+            np.add(proj, np.concatenate([self.input_bias(b[d]) for d in range(self.dirs)]), out=proj)
+
     def run(self, inputs, outputs, workspace):
         inputs = list(inputs) + [None] * (8 - len(inputs))
         outputs = list(outputs) + [None] * (1 + self.states - len(outputs))
-        x, w, r, b, lens = inputs[:5]
-        initial = inputs[5:5 + self.states]
-        xs = x.swapaxes(0, 1) if self.layout else x
-        seq = xs.shape[0]
-        proj, *rest = carve(workspace, *self.specs)
-        states, scratch = rest[:self.states], rest[self.states:]
+        x, w, _, b, lens = inputs[:5]
+        proj = carve(workspace, self.specs[0])[0]
+        self.project(x.swapaxes(0, 1) if self.layout else x, w, b, proj)
+        seq = proj.shape[0]
         masks = None
         if lens is not None and (np.asarray(lens) < seq).any():
             masks = (np.arange(seq)[:, None] < np.asarray(lens)[None, :])[:, :, None]
+        if masks is not None or not self.recur_native(inputs, outputs, proj, workspace):
+            self.recur(inputs, outputs, proj, masks, workspace)
+
+    def recur_native(self, inputs: list, outputs: list, proj: np.ndarray, workspace: np.ndarray | None) -> bool:
+        """The time loop of every direction in C, when this kernel has it for this layer and the
+        arrays fit; False when it did not run (the numpy loop then does)."""
+        return False
+
+    def recur(self, inputs: list, outputs: list, proj: np.ndarray, masks: np.ndarray | None,
+              workspace: np.ndarray | None) -> None:
+        """The time loop of every direction, one numpy cell per step; past a batch entry's length
+        (`masks`, seq x batch x 1) its state stays and its Y rows are 0."""
+        r = inputs[2]
+        initial = inputs[5:5 + self.states]
+        _, *rest = carve(workspace, *self.specs)
+        states, scratch = rest[:self.states], rest[self.states:]
         y = outputs[0]
+        seq, width = proj.shape[0], proj.shape[2] // self.dirs
         for d in range(self.dirs):
-            np.matmul(xs, w[d].T, out=proj)
-            if b is not None:
-                np.add(proj, self.input_bias(b[d]), out=proj)
             for s, init in zip(states, initial):
                 if init is None:
                     s.fill(0)
@@ -234,7 +265,7 @@ class _Recurrent(Kernel):
             extra = self.direction(inputs, d)
             steps = range(seq - 1, -1, -1) if self.backward[d] else range(seq)
             for t in steps:
-                new = self.cell(d, proj[t], states, rt, extra, scratch)
+                new = self.cell(d, proj[t, :, d * width:(d + 1) * width], states, rt, extra, scratch)
                 mask = None if masks is None else masks[t]
                 for s, n in zip(states, new):
                     np.copyto(s, n, where=True if mask is None else mask)
@@ -332,6 +363,43 @@ class LSTM(_Recurrent):
     default_activations = ("Sigmoid", "Tanh", "Tanh")
     states = 2
     scratch = (4, 1, 1)
+    native_units = ("recurrent",)
+
+    def __init__(self, ctx: OpContext, inputs: Sequence[TensorInfo | None],
+                 outputs: Sequence[TensorInfo]) -> None:
+        super().__init__(ctx, inputs, outputs)
+        floats = all(i is None or i.dtype == np.float32 for k, i in enumerate(inputs) if k != 4)
+        self.native_case = floats and self.default_acts and self.clip is None and not ctx.attr("input_forget", 0)
+        """Whether the C time loop (csrc/recurrent.c) takes this layer: float32, the default
+        activations, no clip, no coupled input and forget gates."""
+        self.native_lstm = ctx.native.get(NATIVE_LSTM) if ctx.native is not None and self.native_case else None
+        seq, batch = self.specs[0][0][:2]
+        h = self.hidden
+        padded = -(-4 * h // CONSTANTS["LSTM_PANEL"]) * CONSTANTS["LSTM_PANEL"]
+        self.work_spec = ((self.dirs * (batch * (2 * h + padded) + padded * h),), np.dtype(np.float32))
+        """The C loop's work, each direction's h, c, gates and R in panels: planned for every
+        layer it takes, whether or not the model has it."""
+        self.flops = 8 * seq * batch * self.dirs * h * h
+        """Of the recurrence, R by h at every step."""
+
+    def workspace(self) -> int:
+        numpy_path = super().workspace()
+        if not self.native_case:
+            return numpy_path
+        return max(numpy_path, carve_size(self.specs[0], self.work_spec))
+
+    def recur_native(self, inputs, outputs, proj, workspace):
+        if self.native_lstm is None:
+            return False
+        r, h0, c0, p = inputs[2], inputs[5], inputs[6], inputs[7]
+        if not all(a is None or a.flags.c_contiguous for a in (r, h0, c0, p, *outputs)):
+            return False
+        work = carve(workspace, self.specs[0], self.work_spec)[1]
+        seq, batch = proj.shape[:2]
+        threads = parallel.native_threads(self.flops, slots=self.dirs)
+        self.native_lstm(proj, r, p, h0, c0, *outputs, work, self.dirs, seq, batch, self.hidden, self.layout,
+                         int(self.backward[0]), threads)
+        return True
 
     def direction(self, inputs, d):
         p = inputs[7]

@@ -111,5 +111,18 @@ GELU = Function(
     (Array("x", "n"), Array("y", "n", write=True), Array("cdf", "GELU_NODES"), Array("slope", "GELU_NODES"),
      Int("n"), Int("threads", 1)))
 
-FUNCTIONS = (USE_BLAS, POOL_BUSY, DWCONV2D, IM2COL2D, CONV2D, POOL2D, WINOGRAD, MATMUL, GELU)
+_STATE = "dirs * batch * hidden"
+
+LSTM = Function(
+    "recurrent", "omrt_lstm_f32",
+    (Array("proj", "seq * batch * dirs * 4 * hidden"), Array("R", "dirs * 4 * hidden * hidden"),
+     Array("P", "dirs * 3 * hidden", optional=True), Array("h0", _STATE, optional=True),
+     Array("c0", _STATE, optional=True), Array("y", f"seq * {_STATE}", write=True, optional=True),
+     Array("yh", _STATE, write=True, optional=True), Array("yc", _STATE, write=True, optional=True),
+     Array("work", "dirs * (batch * (2 * hidden + Gp) + Gp * hidden)", write=True, scratch=True),
+     Int("dirs", 1), Int("seq"), Int("batch"), Int("hidden", 1), Int("layout"), Int("reverse"), Int("threads", 1)),
+    derived=(("Gp", "-(-4 * hidden // LSTM_PANEL) * LSTM_PANEL"),),
+    requires=("dirs <= 2", "layout <= 1", "reverse <= 1"))
+
+FUNCTIONS = (USE_BLAS, POOL_BUSY, DWCONV2D, IM2COL2D, CONV2D, POOL2D, WINOGRAD, MATMUL, GELU, LSTM)
 """Every exported C function, the library's entry point first."""

@@ -117,10 +117,12 @@ CONSTANTS = {
     "MAX_TAPS": 1 << 16,
     "GELU_NODES": 13 * 1024 + 1,
     "POOL_THREADS": 64,
+    "LSTM_PANEL": 64,
 }
 """Names the contracts may use: the widest window the loops take (they keep two int64 per tap on
-the stack), the nodes of Gelu's table (1/1024 apart over [-7, 6], csrc/elementwise.c), and the
-threads of the worker pool, the caller's included (csrc/workers.c)."""
+the stack), the nodes of Gelu's table (1/1024 apart over [-7, 6], csrc/elementwise.c), the
+threads of the worker pool, the caller's included (csrc/workers.c), and the rows of R in each
+panel of the LSTM loop (csrc/recurrent.c)."""
 
 
 def _tuple(items: Sequence[str]) -> str:

@@ -1,0 +1,146 @@
+/* The time loop of a recurrent layer (LSTM): the input projection of every step is done before
+ * (one matrix product over the whole sequence), so each step is the hidden state times R and the
+ * gates, for every batch entry, with no Python between the steps. The directions of a
+ * bidirectional layer are independent and run on two threads.
+ *
+ * exp and tanh are Cephes' single-precision approximations (within a few ulp of the correctly
+ * rounded values), written so that the loops vectorize: glibc's expf and tanhf do not. Their
+ * clamps and selects become vector blends only when floating-point exceptions may be raised
+ * where the scalar code would not raise them, which nothing here observes.
+ */
+#include "omrt_native.h"
+
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC optimize("no-trapping-math")
+#endif
+
+/* exp(x) for x in [-87, 88] (clamped there): x = n ln2 + r, |r| <= ln2 / 2, e^r by a polynomial,
+ * times 2^n built in the exponent bits. */
+static inline float exp_f32(float x) {
+    x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
+    const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f; /* round to nearest */
+    float r = x - n * 0.693359375f;
+    r = r + n * 2.12194440e-4f;
+    const float p = ((((1.9875691500e-4f * r + 1.3981999507e-3f) * r + 8.3334519073e-3f) * r + 4.1665795894e-2f) * r +
+                     1.6666665459e-1f) * r + 5.0000001201e-1f;
+    const union { int32_t i; float f; } scale = {.i = ((int32_t)n + 127) << 23};
+    return (p * r * r + r + 1.0f) * scale.f;
+}
+
+static inline void sigmoid_f32(float *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) x[i] = 1.0f / (1.0f + exp_f32(-x[i]));
+}
+
+/* tanh: an odd polynomial below |x| 0.625 (where 1 - 2 / (e^2x + 1) would cancel), else that. */
+static inline float tanh_f32(float x) {
+    const float s = x * x;
+    const float small = ((((-5.70498872745e-3f * s + 2.06390887954e-2f) * s - 5.37397155531e-2f) * s +
+                          1.33314422036e-1f) * s - 3.33332819422e-1f) * s * x + x;
+    const float large = 1.0f - 2.0f / (exp_f32(2.0f * x) + 1.0f);
+    return s < 0.390625f ? small : large;
+}
+
+typedef struct {
+    const float *proj, *R, *P, *h0, *c0;
+    float *y, *yh, *yc, *work;
+    int64_t dirs, seq, batch, hidden, layout, reverse;
+} lstm_job;
+
+/* Offset of state (direction d, batch entry b) in Y_h, Y_c, initial_h and initial_c. */
+static inline int64_t state_at(const lstm_job *j, int64_t d, int64_t b) {
+    return (j->layout ? b * j->dirs + d : d * j->batch + b) * j->hidden;
+}
+
+/* One step of one batch entry: g (4h) holds the projected input plus R h; h and c are updated.
+ * Cloned on its own: the clones of its caller would not inline it. */
+static OMRT_HOT void lstm_cell(float *g, float *h, float *c, const float *P, int64_t hidden) {
+    float *i = g, *o = g + hidden, *f = g + 2 * hidden, *cand = g + 3 * hidden;
+    if (P)
+        for (int64_t k = 0; k < hidden; k++) {
+            i[k] += P[k] * c[k];
+            f[k] += P[2 * hidden + k] * c[k];
+        }
+    sigmoid_f32(i, hidden);
+    sigmoid_f32(f, hidden);
+    for (int64_t k = 0; k < hidden; k++) c[k] = f[k] * c[k] + i[k] * tanh_f32(cand[k]);
+    if (P)
+        for (int64_t k = 0; k < hidden; k++) o[k] += P[hidden + k] * c[k];
+    sigmoid_f32(o, hidden);
+    for (int64_t k = 0; k < hidden; k++) h[k] = o[k] * tanh_f32(c[k]);
+}
+
+/* R^T in panels of PANEL rows of R (the last padded with zeros): panel p holds, for each k,
+ * R[p * PANEL + l][k] for l < PANEL, so that R h is, panel by panel, a sum of PANEL-wide columns
+ * scaled by h[k], accumulated in registers (a row of R by h would end in a sum across lanes, one
+ * per gate). */
+enum { PANEL = 64 };
+
+static void r_panels(const float *R, float *RT, int64_t G, int64_t H) {
+    for (int64_t r0 = 0; r0 < G; r0 += PANEL)
+        for (int64_t l = 0; l < PANEL; l++)
+            for (int64_t k = 0; k < H; k++) RT[r0 * H + k * PANEL + l] = r0 + l < G ? R[(r0 + l) * H + k] : 0.0f;
+}
+
+/* g (Gp floats) = x (G floats, zeros past them) + R h, R as panels. */
+static inline void r_times_h(float *g, const float *x, const float *RT, const float *h, int64_t G, int64_t Gp,
+                             int64_t H) {
+    for (int64_t r0 = 0; r0 < Gp; r0 += PANEL) {
+        float acc[PANEL];
+        for (int l = 0; l < PANEL; l++) acc[l] = r0 + l < G ? x[r0 + l] : 0.0f;
+        const float *panel = RT + r0 * H;
+        for (int64_t k = 0; k < H; k++)
+            for (int l = 0; l < PANEL; l++) acc[l] += panel[k * PANEL + l] * h[k];
+        memcpy(g + r0, acc, sizeof acc);
+    }
+}
+
+/* The whole sequence of direction `d`, in its part of the work: h, c, the gates and R's panels. */
+static OMRT_HOT void lstm_direction(void *p, int64_t d, int64_t thread) {
+    const lstm_job *j = p;
+    (void)thread;
+    const int64_t H = j->hidden, B = j->batch, G = 4 * H, Gp = (G + PANEL - 1) / PANEL * PANEL, dirs = j->dirs;
+    float *h = j->work + d * (B * (2 * H + Gp) + Gp * H), *c = h + B * H, *gates = c + B * H, *RT = gates + B * Gp;
+    const float *P = j->P ? j->P + d * 3 * H : NULL;
+    r_panels(j->R + d * G * H, RT, G, H);
+    for (int64_t b = 0; b < B; b++) {
+        const int64_t at = state_at(j, d, b);
+        for (int64_t k = 0; k < H; k++) {
+            h[b * H + k] = j->h0 ? j->h0[at + k] : 0.0f;
+            c[b * H + k] = j->c0 ? j->c0[at + k] : 0.0f;
+        }
+    }
+    for (int64_t s = 0; s < j->seq; s++) {
+        const int64_t t = j->reverse || d == 1 ? j->seq - 1 - s : s;
+        for (int64_t b = 0; b < B; b++) {
+            const float *x = j->proj + (t * B + b) * dirs * G + d * G;
+            float *g = gates + b * Gp, *hb = h + b * H;
+            r_times_h(g, x, RT, hb, G, Gp, H);
+            lstm_cell(g, hb, c + b * H, P, H);
+            if (j->y) {
+                float *y = j->y + (j->layout ? (b * j->seq + t) * dirs + d : (t * dirs + d) * B + b) * H;
+                memcpy(y, hb, (size_t)H * sizeof(float));
+            }
+        }
+    }
+    for (int64_t b = 0; b < B; b++) {
+        const int64_t at = state_at(j, d, b);
+        if (j->yh) memcpy(j->yh + at, h + b * H, (size_t)H * sizeof(float));
+        if (j->yc) memcpy(j->yc + at, c + b * H, (size_t)H * sizeof(float));
+    }
+}
+
+/* An LSTM layer with the default activations (sigmoid, tanh, tanh), no clip, no coupled input
+ * and forget gates, every sequence full length. `proj` (seq x batch x dirs x 4h) holds
+ * X W^T + Wb + Rb, gates in ONNX's order i, o, f, c; R (dirs x 4h x h) and the peepholes P
+ * (dirs x 3h: i, o, f; NULL: none) are as ONNX stores them. The initial states (NULL: zeros) and
+ * Y_h, Y_c are dirs x batch x h, Y seq x dirs x batch x h (layout 0), or batch first
+ * (layout 1); a NULL output is not written. Direction 1, and direction 0 when `reverse`, runs
+ * from the last step to the first. `work` holds each direction's h, c, gates and R's panels
+ * (batch * (2h + Gp) + Gp * h floats, Gp = 4h rounded up to PANEL); the directions run on up
+ * to `threads` threads. */
+OMRT_EXPORT void omrt_lstm_f32(const float *proj, const float *R, const float *P, const float *h0, const float *c0,
+                               float *y, float *yh, float *yc, float *work, int64_t dirs, int64_t seq, int64_t batch,
+                               int64_t hidden, int64_t layout, int64_t reverse, int64_t threads) {
+    lstm_job j = {proj, R, P, h0, c0, y, yh, yc, work, dirs, seq, batch, hidden, layout, reverse};
+    omrt_parallel(lstm_direction, &j, dirs, threads);
+}
