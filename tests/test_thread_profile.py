@@ -92,6 +92,7 @@ def test_the_pool_counters_only_grow_and_stay_still_between_runs(conv_om):
 
 
 def test_one_thread_reads_no_counters_and_profile_keeps_its_result(conv_om):
+    omrt.set_num_threads(1)
     sess = omrt.load(conv_om, trust_kernels=True).session()
     prof = sess.profile_threads(_feeds(), repeat=2)
     assert prof.threads == 1 and set(prof.ops) == {"Conv", "Transpose"}
