@@ -15,6 +15,7 @@ import numpy as np
 
 from ..errors import ShapeError
 from ..native.bindings import ARITHMETIC, BINARY, SWAPPED, activation_code
+from ..native.signature import address
 from . import parallel
 from .base import (FUSED_ACTIVATIONS, Kernel, OpContext, TensorInfo, apply_activation, broadcast_shapes,
                    numel, onnx_dtype, register, relu)
@@ -234,6 +235,12 @@ def binary_layout(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[bool, int, in
     return None
 
 
+def _partly_overlap(x: np.ndarray, out: np.ndarray) -> bool:
+    """Whether x and out share memory without being the same elements: C, unlike numpy, would
+    then read elements it has already written."""
+    return np.may_share_memory(x, out) and not (x.nbytes == out.nbytes and address(x) == address(out))
+
+
 class NativeArith:
     """A float32 Add, Sub, Mul or Div (and the node's fused activation) as one call of
     omrt_binary_f32, spread over the native workers when the arrays are big enough."""
@@ -253,9 +260,12 @@ class NativeArith:
 
     def __call__(self, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> bool:
         """out = act(a op b); False (nothing written) when out is small, an array is not
-        C-contiguous float32 or the shapes have no layout the loop reads (`binary_layout`)."""
+        C-contiguous float32, out overlaps an input other than by being it, or the shapes have
+        no layout the loop reads (`binary_layout`)."""
         if out.nbytes < MIN_NATIVE_BYTES or not all(x.dtype == np.float32 and x.flags.c_contiguous
                                                     for x in (a, b, out)):
+            return False
+        if _partly_overlap(a, out) or _partly_overlap(b, out):
             return False
         layout = binary_layout(a.shape, b.shape)
         if layout is None:
