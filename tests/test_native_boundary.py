@@ -63,6 +63,8 @@ def _calls() -> dict:
         bindings.MATMUL: [_f32(3, 4), _f32(4, 5), _f32(5), _f32(3, 5), 1, 3, 5, 4, 4, 5, 5, 0, 0, 0, 0, 0, 1,
                           0, 0.0, 0.0],
         bindings.GELU: [_f32(100), _f32(100), cdf, slope, 100, 1],
+        # x[4, 24] * s[4, 1] then Relu, on two threads
+        bindings.BINARY: [_f32(4, 24), _f32(4, 1), _f32(4, 24), 2, 4, 24, 4, 1, 2, 1, 0.0, 0.0],
         bindings.POOL_BUSY: [np.zeros(4, np.int64), 4],
         # bidirectional, 3 steps, batch 2, hidden 5, peepholes, layout 1, on two threads
         bindings.LSTM: [_f32(3, 2, 2, 20), _f32(2, 20, 5), _f32(2, 15), _f32(2, 2, 5), _f32(2, 2, 5),
@@ -140,6 +142,11 @@ BROKEN_RULES = [
     (bindings.GELU, 4, 101, r"x must hold n = 101 floats"),
     (bindings.GELU, 5, 0, r"threads must be an integer >= 1"),
     (bindings.POOL2D, 17, -1, r"PT must be an integer >= 0"),
+    (bindings.BINARY, 3, 6, r"requires op <= 5"),
+    (bindings.BINARY, 7, 2, r"requires b_cols == 1 or b_cols == inner"),
+    (bindings.BINARY, 4, 5, r"a must hold rows \* inner = 120 floats"),
+    (bindings.BINARY, 6, 5, r"b must hold b_rows \* b_cols = 5 floats"),
+    (bindings.BINARY, 9, 4, r"requires act <= 3"),
     (bindings.POOL_BUSY, 1, 65, r"requires n <= POOL_THREADS"),
     (bindings.LSTM, 9, 3, r"requires dirs <= 2"),
     (bindings.LSTM, 12, 6, r"proj must hold seq \* batch \* dirs \* 4 \* hidden = 288 floats"),

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from kernel_check import check, randn, reference, run_kernel
 import omrt
-from omrt.kernels import OpContext, TensorInfo, lookup, winograd
+from omrt.kernels import OpContext, TensorInfo, elementwise, lookup, winograd
 from omrt.kernels import parallel
 from omrt.kernels import window as window_module
 
@@ -407,3 +407,109 @@ def test_native_gelu_gives_the_numpy_paths_bits(native, threads, n, scale):
     got = run_kernel("Gelu", [x], {}, 20, native=native)[0]
     np.testing.assert_array_equal(got, run_kernel("Gelu", [x], {}, 20)[0])
     np.testing.assert_allclose(got[4:], reference("Gelu", [x[4:]], {}, 20)[0], rtol=1e-6, atol=1e-7)
+
+
+@pytest.fixture
+def arith(native, monkeypatch):
+    """The native library, with even the tiny outputs of these tests going to C; yields a
+    function telling how many native binary calls ran so far."""
+    monkeypatch.setattr(elementwise, "MIN_NATIVE_BYTES", 0)
+    return lambda: native.calls().get("omrt_binary_f32", 0)
+
+
+def _operands(shapes: tuple[tuple[int, ...], ...], op: str) -> list[np.ndarray]:
+    xs = [randn(*s) for s in shapes]
+    if op == "Div":  # zeros of both signs, and 0 / 0, for the infinities and NaNs
+        xs[1].reshape(-1)[::5] = 0.0
+        xs[1].reshape(-1)[1::10] = -0.0
+        xs[0].reshape(-1)[::10] = 0.0
+    return xs
+
+
+LAYOUTS = [((1,), (1,)), ((7,), (7,)), ((1000003,), (1000003,)), ((2, 3, 5, 7), (2, 3, 5, 7)),
+           ((2, 24, 5, 7), (2, 24, 1, 1)),   # squeeze-excitation scaling
+           ((2, 24, 5, 7), (24, 1, 1)),      # a bias per channel, the same for every image
+           ((2, 24, 1, 1), (2, 24, 5, 7)),   # the same, the small operand first
+           ((3, 40), (40,)), ((40,), (3, 40)), ((2, 24, 5, 7), (1,)), ((), (7, 20))]
+
+
+@pytest.mark.parametrize("threads", [1, 2], indirect=True)
+@pytest.mark.parametrize("op", ["Add", "Sub", "Mul", "Div"])
+@pytest.mark.parametrize("shapes", LAYOUTS, ids=str)
+def test_native_arithmetic_gives_numpys_bits(arith, native, threads, op, shapes):
+    xs = _operands(shapes, op)
+    before = arith()
+    got = run_kernel(op, xs, native=native)[0]
+    assert arith() > before
+    np.testing.assert_array_equal(got, run_kernel(op, xs)[0])
+
+
+@pytest.mark.parametrize("threads", [1, 2], indirect=True)
+@pytest.mark.parametrize("op", ["Add", "Sum"])
+@pytest.mark.parametrize("act", list(ACTS), ids=str)
+@pytest.mark.parametrize("shapes", [((1000003,), (1000003,)), ((2, 24, 5, 7), (2, 24, 1, 1))], ids=str)
+def test_native_add_applies_the_fused_activation(arith, native, threads, op, act, shapes):
+    xs = [randn(*s) for s in shapes]
+    before = arith()
+    got = run_kernel(op, xs, ACTS[act], native=native)[0]
+    assert arith() > before
+    np.testing.assert_array_equal(got, run_kernel(op, xs, ACTS[act])[0])
+    np.testing.assert_array_equal(got, _activated(xs[0] + xs[1], act))
+
+
+@pytest.mark.parametrize("threads", [1, 2], indirect=True)
+@pytest.mark.parametrize("op", ["Add", "Sub", "Mul", "Div", "Sum"])
+@pytest.mark.parametrize("into", [0, 1])
+@pytest.mark.parametrize("n", [7, 1000003])
+def test_native_arithmetic_in_place(arith, native, threads, op, into, n):
+    """The output may be either input itself, as the memory plan makes it."""
+    xs = _operands(((n,), (n,)), op)
+    want = run_kernel(op, xs)[0]
+    ctx = OpContext(dict(ACTS["LeakyRelu"]) if op == "Sum" else {}, 14, name="t", op_type=op, native=native)
+    infos = [TensorInfo(x.dtype, x.shape) for x in xs]
+    kernel = lookup(op, 14)(ctx, infos, lookup(op, 14).infer(ctx, infos))
+    if op == "Sum":
+        want = _activated(want, "LeakyRelu")
+    before = arith()
+    kernel.run(xs, [xs[into]], None)
+    assert arith() > before
+    np.testing.assert_array_equal(xs[into], want)
+
+
+@pytest.mark.parametrize("a, b", [((2, 24, 5, 7), (2, 1, 5, 7)), ((2, 24, 5, 3), (2, 24, 1, 3)),
+                                  ((24, 4), (24, 1)), ((3, 1), (1, 4))], ids=str)
+def test_layouts_the_native_loop_does_not_read_stay_with_numpy(arith, native, a, b):
+    """A broadcast in the middle, rows shorter than MIN_RUN, both operands broadcast."""
+    xs = [randn(*a), randn(*b)]
+    before = arith()
+    got = run_kernel("Mul", xs, native=native)[0]
+    assert arith() == before
+    np.testing.assert_array_equal(got, xs[0] * xs[1])
+
+
+def test_small_or_other_outputs_stay_with_numpy(native):
+    """Below MIN_NATIVE_BYTES numpy is faster; float64, three Sum inputs and a Sigmoid fused into
+    Add (not one the loop applies) are numpy's."""
+    before = native.calls().get("omrt_binary_f32", 0)
+    run_kernel("Add", [randn(1000), randn(1000)], native=native)
+    big = [randn(1 << 16) for _ in range(3)]
+    run_kernel("Sum", big, native=native)
+    run_kernel("Add", big[:2], {"_act": "Sigmoid"}, native=native)
+    run_kernel("Add", [x.astype(np.float64) for x in big[:2]], native=native)
+    assert native.calls().get("omrt_binary_f32", 0) == before
+
+
+@pytest.mark.parametrize("into", [0, 1])
+def test_an_output_partly_over_an_input_stays_with_numpy(arith, native, into):
+    """numpy reads such operands through a copy; the C loop would read what it had written."""
+    buf = randn(1001)
+    xs = [randn(1000), randn(1000)]
+    xs[into] = buf[:-1]
+    want = xs[0] - xs[1]
+    ctx = OpContext({}, 14, name="t", op_type="Sub", native=native)
+    infos = [TensorInfo(x.dtype, x.shape) for x in xs]
+    kernel = lookup("Sub", 14)(ctx, infos, lookup("Sub", 14).infer(ctx, infos))
+    before = arith()
+    kernel.run(xs, [buf[1:]], None)
+    assert arith() == before
+    np.testing.assert_array_equal(buf[1:], want)

@@ -8,11 +8,15 @@ the random ops are in `randomness`.
 
 from __future__ import annotations
 
+import functools
 from typing import Callable, ClassVar, Sequence
 
 import numpy as np
 
 from ..errors import ShapeError
+from ..native.bindings import ARITHMETIC, BINARY, SWAPPED, activation_code
+from ..native.signature import address
+from . import parallel
 from .base import (FUSED_ACTIVATIONS, Kernel, OpContext, TensorInfo, apply_activation, broadcast_shapes,
                    numel, onnx_dtype, register, relu)
 
@@ -185,22 +189,114 @@ def _tile_plan(a: TensorInfo, b: TensorInfo, out: TensorInfo) -> tuple[int, int]
     return None
 
 
+MIN_RUN = 16
+"""Fewest consecutive elements the native loop must find in a row of the broadcast operand's
+layout: shorter rows cost more in per-row setup than numpy does."""
+
+MIN_NATIVE_BYTES = 1 << 18
+"""Outputs smaller than this stay with numpy: a checked native call costs several microseconds
+before its loop starts, about what numpy takes for 64K floats; from there on the C loop, split
+over the native workers and applying the activation in the same pass, is faster."""
+
+
+def _runs(small: tuple[int, ...], out: tuple[int, ...]) -> tuple[int, int, int, int] | None:
+    """(rows, inner, b_rows, b_cols) of omrt_binary_f32 reading `small` broadcast to `out`, when
+    `small` (right-aligned) repeats the output's dims p..q over the dims before p and is the
+    same value along those after q; None otherwise."""
+    shape = (1,) * (len(out) - len(small)) + small
+    if len(shape) != len(out):
+        return None
+    dims = [(s == o, o) for s, o in zip(shape, out) if o != 1]
+    full = [k for k, (same, _) in enumerate(dims) if same]
+    if not full:
+        return 1, numel(out), 1, 1
+    p, q = full[0], full[-1] + 1
+    if len(full) != q - p:
+        return None
+    sizes = [o for _, o in dims]
+    if q == len(dims):
+        inner = numel(sizes[p:])
+        return numel(sizes[:p]), inner, 1, inner
+    return numel(sizes[:q]), numel(sizes[q:]), numel(sizes[p:q]), 1
+
+
+@functools.lru_cache(maxsize=256)
+def binary_layout(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[bool, int, int, int, int] | None:
+    """(swap, rows, inner, b_rows, b_cols) for a op b in one native call: one operand has the
+    output's shape (the other when `swap`), the other one `_runs` reads in rows of at least
+    MIN_RUN; None when there is no such layout or nothing to compute."""
+    out = np.broadcast_shapes(a, b)
+    if numel(out) == 0:
+        return None
+    for swap, (full, small) in enumerate(((a, b), (b, a))):
+        runs = _runs(small, out) if full == out else None
+        if runs is not None and (runs[1] >= MIN_RUN or runs[0] == 1):
+            return bool(swap), *runs
+    return None
+
+
+def _partly_overlap(x: np.ndarray, out: np.ndarray) -> bool:
+    """Whether x and out share memory without being the same elements: C, unlike numpy, would
+    then read elements it has already written."""
+    return np.may_share_memory(x, out) and not (x.nbytes == out.nbytes and address(x) == address(out))
+
+
+class NativeArith:
+    """A float32 Add, Sub, Mul or Div (and the node's fused activation) as one call of
+    omrt_binary_f32, spread over the native workers when the arrays are big enough."""
+
+    def __init__(self, fn: Callable[..., None], op: int, act: tuple[int, float, float]) -> None:
+        self.fn, self.op, self.act = fn, op, act
+
+    @classmethod
+    def bind(cls, ctx: OpContext, op: str | None, dtype: np.dtype) -> NativeArith | None:
+        """The native op for a node computing `op` in `dtype`; None when the library is not
+        loaded, the dtype is not float32 or the loop does not apply the node's activation."""
+        act = activation_code(ctx.attrs)
+        if op is None or ctx.native is None or dtype != np.float32 or act is None:
+            return None
+        fn = ctx.native.get(BINARY)
+        return None if fn is None else cls(fn, ARITHMETIC[op], act)
+
+    def __call__(self, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> bool:
+        """out = act(a op b); False (nothing written) when out is small, an array is not
+        C-contiguous float32, out overlaps an input other than by being it, or the shapes have
+        no layout the loop reads (`binary_layout`)."""
+        if out.nbytes < MIN_NATIVE_BYTES or not all(x.dtype == np.float32 and x.flags.c_contiguous
+                                                    for x in (a, b, out)):
+            return False
+        if _partly_overlap(a, out) or _partly_overlap(b, out):
+            return False
+        layout = binary_layout(a.shape, b.shape)
+        if layout is None:
+            return False
+        swap, rows, inner, b_rows, b_cols = layout
+        op = SWAPPED[self.op] if swap else self.op
+        a, b = (b, a) if swap else (a, b)
+        self.fn(a, b, out, op, rows, inner, b_rows, b_cols, parallel.native_threads(nbytes=out.nbytes), *self.act)
+        return True
+
+
 class Binary(Kernel):
     """Two inputs with numpy (multidirectional) broadcasting; output dtype is input 0's or `result`.
 
-    Kernels that list activations in `fuses` apply the one fused into them to their output. An
-    input that repeats a short pattern is tiled first (see `_tile_plan`).
+    Kernels that list activations in `fuses` apply the one fused into them to their output.
+    Those naming a `native_op` (a key of bindings.ARITHMETIC) run float32 in C when the layout
+    allows (`NativeArith`); otherwise an input that repeats a short pattern is tiled first (see
+    `_tile_plan`).
     """
 
     inplace = {0: 0}
     kinds: ClassVar[str] = NUMERIC
     result: ClassVar[np.dtype | None] = None
     same_dtype: ClassVar[bool] = True
+    native_op: ClassVar[str | None] = None
 
     def __init__(self, ctx: OpContext, inputs: Sequence[TensorInfo | None],
                  outputs: Sequence[TensorInfo]) -> None:
         super().__init__(ctx, inputs, outputs)
         self.tile = _tile_plan(inputs[0], inputs[1], outputs[0])
+        self.native = NativeArith.bind(ctx, self.native_op, outputs[0].dtype)
 
     def workspace(self) -> int:
         if self.tile is None:
@@ -224,6 +320,8 @@ class Binary(Kernel):
 
     def run(self, inputs, outputs, workspace):
         a, b, out = inputs[0], inputs[1], outputs[0]
+        if self.native is not None and self.native(a, b, out):
+            return
         if self.tile is not None and out.flags.c_contiguous and inputs[1 - self.tile[0]].flags.c_contiguous:
             k, run = self.tile
             small = inputs[k]
@@ -239,21 +337,28 @@ class Binary(Kernel):
         raise NotImplementedError
 
 
+def _native(op: str | None) -> dict:
+    """The class attributes of a kernel computing the arithmetic `op` natively (None: never)."""
+    return {"native_op": op, "native_units": ("elementwise",) if op is not None else ()}
+
+
 def binary(op_type: str, fn: Callable[..., object], since: int = 7, kinds: str = NUMERIC,
-           result: np.dtype | None = None, fuses: frozenset[str] = frozenset()) -> type[Kernel]:
-    """Register a broadcasting binary kernel from a ufunc-like `fn(a, b, out=...)`."""
+           result: np.dtype | None = None, fuses: frozenset[str] = frozenset(),
+           native_op: str | None = None) -> type[Kernel]:
+    """Register a broadcasting binary kernel from a ufunc-like `fn(a, b, out=...)`, computed in C
+    for float32 when it is the arithmetic `native_op`."""
 
     def compute(self: Binary, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
         fn(a, b, out=out)
 
     cls = type(op_type, (Binary,), {"compute": compute, "kinds": kinds, "result": result, "fuses": fuses,
-                                    "__doc__": f"ONNX {op_type}: one broadcasting ufunc."})
+                                    **_native(native_op), "__doc__": f"ONNX {op_type}: one broadcasting ufunc."})
     return register(op_type, since)(cls)
 
 
-binary("Add", np.add, fuses=frozenset(FUSED_ACTIVATIONS))
-binary("Sub", np.subtract)
-binary("Mul", np.multiply)
+binary("Add", np.add, fuses=frozenset(FUSED_ACTIVATIONS), native_op="Add")
+binary("Sub", np.subtract, native_op="Sub")
+binary("Mul", np.multiply, native_op="Mul")
 binary("Equal", np.equal, kinds=NUMERIC + BOOL + "S", result=_BOOL)
 binary("Greater", np.greater, result=_BOOL)
 binary("Less", np.less, result=_BOOL)
@@ -308,6 +413,9 @@ class BitShift(Binary):
 class Div(Binary):
     """a / b; integer division truncates toward zero as in C ("the result is truncated")."""
 
+    native_op = "Div"
+    native_units = ("elementwise",)
+
     def compute(self, a, b, out):
         kind = out.dtype.kind
         with np.errstate(all="ignore"):
@@ -342,11 +450,18 @@ class Pow(Binary):
 
 class Variadic(Kernel):
     """Any number of same-dtype inputs folded pairwise with broadcasting (Sum, Max, ...), then the
-    activation fused into the node, if its kernel lists it in `fuses`."""
+    activation fused into the node, if its kernel lists it in `fuses`. Two inputs of a kernel
+    naming a `native_op` go to C as in `Binary`."""
 
     inplace = {0: 0}
     kinds: ClassVar[str] = NUMERIC
     fold: ClassVar[np.ufunc]
+    native_op: ClassVar[str | None] = None
+
+    def __init__(self, ctx: OpContext, inputs: Sequence[TensorInfo | None],
+                 outputs: Sequence[TensorInfo]) -> None:
+        super().__init__(ctx, inputs, outputs)
+        self.native = NativeArith.bind(ctx, self.native_op, outputs[0].dtype)
 
     @classmethod
     def infer(cls, ctx: OpContext, inputs: Sequence[TensorInfo | None]) -> list[TensorInfo]:
@@ -360,6 +475,8 @@ class Variadic(Kernel):
     def run(self, inputs, outputs, workspace):
         xs = [x for x in inputs if x is not None]
         out = outputs[0]
+        if len(xs) == 2 and self.native is not None and self.native(xs[0], xs[1], out):
+            return
         if len(xs) == 1:
             np.copyto(out, xs[0])
         else:
@@ -373,15 +490,16 @@ class Variadic(Kernel):
         """Post-processing of the folded result (Mean divides)."""
 
 
-def variadic(op_type: str, fold: np.ufunc, kinds: str = NUMERIC,
-             fuses: frozenset[str] = frozenset()) -> type[Kernel]:
-    """Register a variadic kernel folding its inputs with the binary ufunc `fold`."""
-    cls = type(op_type, (Variadic,), {"fold": fold, "kinds": kinds, "fuses": fuses,
+def variadic(op_type: str, fold: np.ufunc, kinds: str = NUMERIC, fuses: frozenset[str] = frozenset(),
+             native_op: str | None = None) -> type[Kernel]:
+    """Register a variadic kernel folding its inputs with the binary ufunc `fold`, two of them in C
+    for float32 when `fold` is the arithmetic `native_op`."""
+    cls = type(op_type, (Variadic,), {"fold": fold, "kinds": kinds, "fuses": fuses, **_native(native_op),
                                       "__doc__": f"ONNX {op_type}: inputs folded with {fold.__name__}."})
     return register(op_type, since=1)(cls)
 
 
-variadic("Sum", np.add, kinds=FLOAT, fuses=frozenset(FUSED_ACTIVATIONS))
+variadic("Sum", np.add, kinds=FLOAT, fuses=frozenset(FUSED_ACTIVATIONS), native_op="Add")
 variadic("Max", np.maximum)
 variadic("Min", np.minimum)
 

@@ -1,22 +1,42 @@
-/* Elementwise activations over flat float32 arrays, split in runs over the native workers. */
+/* Elementwise loops over flat float32 arrays, each split in consecutive runs over the native workers. */
 #include "omrt_native.h"
+
+/* The work of elements [lo, hi) of a flat loop described by `job`. */
+typedef void (*run_fn)(const void *job, int64_t lo, int64_t hi);
+
+typedef struct {
+    run_fn run;
+    const void *job;
+    int64_t n, parts;
+} split_job;
+
+static void split_part(void *p, int64_t item, int64_t thread) {
+    const split_job *s = p;
+    (void)thread;
+    s->run(s->job, omrt_part(s->n, s->parts, item), omrt_part(s->n, s->parts, item + 1));
+}
+
+/* run(job, lo, hi) over [0, n) cut in one nearly equal run per thread: elementwise work costs the
+ * same everywhere, so finer parts would only add handoffs. */
+static void split(run_fn run, const void *job, int64_t n, int64_t threads) {
+    split_job s = {.run = run, .job = job, .n = n, .parts = threads < n ? threads : n};
+    omrt_parallel(split_part, &s, s.parts, threads);
+}
 
 typedef struct {
     const float *x, *cdf, *slope;
     float *y;
-    int64_t n, parts;
 } gelu_job;
 
 /* The node arithmetic of omrt.kernels.activations.Gelu.from_table, operation for operation in
  * float32 (so that both paths give the same bits): x * 1024 clamped to the table's nodes,
  * rounded to the nearest node by adding 1.5 * 2**23, then Phi linear from that node. */
-static OMRT_HOT void gelu_part(void *p, int64_t item, int64_t thread) {
+static OMRT_HOT void gelu_run(const void *p, int64_t lo, int64_t hi) {
     const gelu_job *j = p;
-    (void)thread;
     const float rounder = 12582912.0f;
     int32_t rounder_bits;
     memcpy(&rounder_bits, &rounder, sizeof rounder_bits);
-    for (int64_t i = omrt_part(j->n, j->parts, item); i < omrt_part(j->n, j->parts, item + 1); i++) {
+    for (int64_t i = lo; i < hi; i++) {
         const float x = j->x[i];
         if (x != x) {
             j->y[i] = x;
@@ -40,6 +60,73 @@ static OMRT_HOT void gelu_part(void *p, int64_t item, int64_t thread) {
  * omrt.kernels.activations builds (nodes 1/1024 apart over [-7, 6]), on `threads` threads. */
 OMRT_EXPORT void omrt_gelu_f32(const float *x, float *y, const float *cdf, const float *slope, int64_t n,
                                int64_t threads) {
-    gelu_job j = {.x = x, .cdf = cdf, .slope = slope, .y = y, .n = n, .parts = threads < n ? threads : n};
-    omrt_parallel(gelu_part, &j, j.parts, threads);
+    gelu_job j = {.x = x, .cdf = cdf, .slope = slope, .y = y};
+    split(gelu_run, &j, n, threads);
+}
+
+/* The arithmetic ops (omrt.native.bindings.ARITHMETIC); the last two take their operands swapped. */
+enum { OP_ADD, OP_SUB, OP_MUL, OP_DIV, OP_SUB_FROM, OP_DIV_INTO };
+
+/* Elements the binary loop computes before applying the activation to them, while they are in L1. */
+#define BLOCK 2048
+
+typedef struct {
+    const float *a, *b;
+    float *y;
+    int64_t op, inner, b_rows, b_cols, act;
+    float alpha, beta;
+} binary_job;
+
+/* y[i] = expr for i in [0, n), B being b[i] (b_step) or b[0]. y may be a or b itself: each
+ * element is read before it is written, so ivdep (no dependence between iterations) holds. */
+#define EACH(expr)                                                               \
+    do {                                                                         \
+        if (b_step) {                                                            \
+            _Pragma("GCC ivdep") for (int64_t i = 0; i < n; i++) {               \
+                const float B = b[i];                                            \
+                y[i] = (expr);                                                   \
+            }                                                                    \
+        } else {                                                                 \
+            const float B = b[0];                                                \
+            _Pragma("GCC ivdep") for (int64_t i = 0; i < n; i++) y[i] = (expr); \
+        }                                                                        \
+    } while (0)
+
+static inline void arith(int64_t op, const float *a, const float *b, int b_step, float *y, int64_t n) {
+    switch (op) {
+    case OP_ADD: EACH(a[i] + B); break;
+    case OP_SUB: EACH(a[i] - B); break;
+    case OP_MUL: EACH(a[i] * B); break;
+    case OP_DIV: EACH(a[i] / B); break;
+    case OP_SUB_FROM: EACH(B - a[i]); break;
+    case OP_DIV_INTO: EACH(B / a[i]); break;
+    default: break;
+    }
+}
+
+/* Elements [lo, hi) of y, row by row (b's row r % b_rows each), in blocks of at most BLOCK. */
+static OMRT_HOT void binary_run(const void *p, int64_t lo, int64_t hi) {
+    const binary_job *j = p;
+    const int vector = j->b_cols != 1;
+    for (int64_t i = lo; i < hi;) {
+        const int64_t row = i / j->inner, col = i - row * j->inner;
+        int64_t end = (row + 1) * j->inner;
+        if (end > hi) end = hi;
+        if (end > i + BLOCK) end = i + BLOCK;
+        const float *b = j->b + (row % j->b_rows) * j->b_cols + (vector ? col : 0);
+        arith(j->op, j->a + i, b, vector, j->y + i, end - i);
+        omrt_activate(j->y + i, end - i, j->act, j->alpha, j->beta);
+        i = end;
+    }
+}
+
+/* y = a op b, then the activation, for y and a of rows x inner floats and b of b_rows x b_cols:
+ * row r of y reads row r % b_rows of b, whole (b_cols == inner) or one value for the row
+ * (b_cols == 1). y may be a or b (same size), not overlap them otherwise. On `threads` threads. */
+OMRT_EXPORT void omrt_binary_f32(const float *a, const float *b, float *y, int64_t op, int64_t rows, int64_t inner,
+                                 int64_t b_rows, int64_t b_cols, int64_t threads, int64_t act, float alpha,
+                                 float beta) {
+    binary_job j = {.a = a, .b = b, .y = y, .op = op, .inner = inner, .b_rows = b_rows, .b_cols = b_cols,
+                    .act = act, .alpha = alpha, .beta = beta};
+    split(binary_run, &j, rows * inner, threads);
 }
