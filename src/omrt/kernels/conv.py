@@ -31,6 +31,12 @@ SPLIT_PASS_BYTES = 1 << 21
 """Outputs at least this big get their bias and activation pass on all of omrt's threads; on
 smaller ones the pass costs less than a handoff."""
 
+STREAM_SPLIT_BYTES = 1 << 21
+"""Native layers with at least this many bytes of filters run on all of omrt's threads even below
+parallel.NATIVE_SPLIT_FLOPS: their time goes to streaming the filters from memory, which each
+core then does for its own filters (a 1024 -> 1000 classifier on a 1x1 map ran 2-3x faster on two
+threads, 576 -> 1024 1.45x; 1.5-1.9 MFLOP layers with small filters did not gain)."""
+
 def _cuts(groups: int, filters: int, positions: int, parts: int) -> list[tuple[slice, slice, slice]]:
     """(groups, filters, positions) ranges of `parts` independent GEMMs covering a grouped product:
     the groups when there are enough of them, else the longer of the filter and position sides
@@ -284,13 +290,17 @@ class Conv(Kernel):
 
     def _run_depthwise(self, x: np.ndarray, w: np.ndarray, b: np.ndarray | None, y: np.ndarray,
                        workspace: np.ndarray | None) -> None:
-        threads = parallel.native_threads(nbytes=y.nbytes, slots=parallel.MAX_SLOTS)
+        """The native depthwise loop, split when the planes it reads or writes are big enough: a
+        strided layer reads stride^2 times more than it writes (a 5x5 stride-2 layer on 288 planes
+        of 14x14 ran 1.5-1.8x faster on two threads, though its output is below the threshold)."""
+        threads = parallel.native_threads(nbytes=max(x.nbytes, y.nbytes), slots=parallel.MAX_SLOTS)
         self.native_depthwise(x, w, b, y, workspace, self.plane_bytes // 4, threads)
 
     def _run_native(self, x: np.ndarray, w: np.ndarray, b: np.ndarray | None, y: np.ndarray,
                     workspace: np.ndarray | None) -> None:
         """The whole layer in one call: the native workers share it (see _layout for the plan)."""
-        threads = parallel.native_threads(self.flops)
+        streams = w.nbytes >= STREAM_SPLIT_BYTES
+        threads = parallel.get_num_threads() if streams else parallel.native_threads(self.flops)
         step = buffer = 0
         if self.mode == "im2col":
             split = self._split(min(threads, parallel.MAX_SLOTS))
