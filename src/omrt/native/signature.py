@@ -35,6 +35,9 @@ F32 = np.dtype(np.float32)
 
 C_TYPES = {"float32": "float", "int64": "int64_t"}
 """The element types an Array may have, and how C declares them."""
+DTYPES = {name: np.dtype(name) for name in C_TYPES}
+"""The same as numpy dtypes: a call compares each array's dtype with one (a string would be
+parsed again on every comparison)."""
 
 
 @dataclass(frozen=True)
@@ -229,7 +232,7 @@ class Function:
             if arg.optional or count == 0:
                 return None
             raise self._fail(f"{arg.name} may not be NULL: it must hold {arg.size} = {count} {arg.unit}")
-        if type(a) is not np.ndarray or (a.dtype != arg.dtype and not arg.scratch):
+        if type(a) is not np.ndarray or (a.dtype != DTYPES[arg.dtype] and not arg.scratch):
             article = "an" if arg.dtype[0] in "aeiou" else "a"
             raise self._fail(f"{arg.name} must be {article} {arg.dtype} array, got "
                              f"{a.dtype if isinstance(a, np.ndarray) else type(a).__name__}")
