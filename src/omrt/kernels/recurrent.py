@@ -196,10 +196,12 @@ class _Recurrent(Kernel):
             np.clip(a, -self.clip, self.clip, out=a)
         return a
 
-    def input_bias(self, b: np.ndarray) -> np.ndarray:
-        """The bias folded into the input projection: Wb + Rb."""
+    def add_input_bias(self, b: np.ndarray, proj: np.ndarray) -> None:
+        """Add the bias folded into the input projection, Wb + Rb, to one direction's `proj` in
+        place (no array is made per run)."""
         half = b.shape[0] // 2
-        return b[:half] + b[half:]
+        np.add(proj, b[:half], out=proj)
+        np.add(proj, b[half:], out=proj)
 
     def direction(self, inputs: Sequence[np.ndarray | None], d: int) -> tuple:
         """What the cell needs for direction d besides R (biases kept out of the projection, P)."""
@@ -225,7 +227,9 @@ class _Recurrent(Kernel):
         else:
             np.matmul(xs, wt, out=proj)
         if b is not None:
-            np.add(proj, np.concatenate([self.input_bias(b[d]) for d in range(self.dirs)]), out=proj)
+            width = proj.shape[-1] // self.dirs
+            for d in range(self.dirs):
+                self.add_input_bias(b[d], proj[..., d * width:(d + 1) * width])
 
     def run(self, inputs, outputs, workspace):
         inputs = list(inputs) + [None] * (8 - len(inputs))
@@ -309,13 +313,12 @@ class GRU(_Recurrent):
     default_activations = ("Sigmoid", "Tanh")
     scratch = (2, 1, 1)
 
-    def input_bias(self, b):
+    def add_input_bias(self, b, proj):
         h = self.hidden
-        bias = b[:3 * h].copy()
-        bias[:2 * h] += b[3 * h:5 * h]
+        np.add(proj, b[:3 * h], out=proj)
+        np.add(proj[..., :2 * h], b[3 * h:5 * h], out=proj[..., :2 * h])
         if not self.ctx.attr("linear_before_reset", 0):
-            bias[2 * h:] += b[5 * h:]
-        return bias
+            np.add(proj[..., 2 * h:], b[5 * h:], out=proj[..., 2 * h:])
 
     def direction(self, inputs, d):
         b = inputs[3]
