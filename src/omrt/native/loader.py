@@ -134,7 +134,7 @@ def load(records: list[Packed], trusted: bool, untrusted: str = NOT_TRUSTED) -> 
             warnings.warn(f"omrt: the native library {r.name!r} for {label(r)} packed in the model does not load "
                           f"({r.status.removeprefix('not loaded: ')}); its kernels run on numpy",
                           RuntimeWarning, stacklevel=4)
-    _load_fused([r for r in records if r.kind == FUSED], library, chosen, untrusted if not trusted else None)
+    _load_fused([r for r in records if r.kind == FUSED], library, chosen, None)
     return library
 
 
