@@ -13,6 +13,7 @@ from omrt.errors import KernelError
 from omrt.kernels.activations import _gelu_table
 from omrt.native import bindings, fused
 from omrt.native.library import SOURCES
+from omrt.native.signature import CONSTANTS
 
 
 def _exported_prototypes() -> dict[str, str]:
@@ -33,6 +34,17 @@ def test_every_exported_c_function_has_a_binding_that_matches_its_prototype():
     assert {f.symbol for f in functions} == set(exported)
     for fn in functions:
         assert fn.prototype() == exported[fn.symbol]
+
+
+def _c_constant(source: str, pattern: str) -> int:
+    match = re.search(pattern, open(os.path.join(SOURCES, source)).read())
+    assert match, f"{pattern!r} not found in {source}"
+    return int(match.group(1))
+
+
+def test_the_constants_contracts_use_are_the_c_codes():
+    assert CONSTANTS["POOL_THREADS"] == _c_constant("workers.c", r"#define MAX_WORKERS (\d+)") + 1
+    assert CONSTANTS["LSTM_PANEL"] == _c_constant("recurrent.c", r"PANEL = (\d+)")
 
 
 @pytest.fixture
