@@ -208,12 +208,13 @@ def lower_node(node: Node, graph: Graph) -> Lowered | None:
     if any(i is None or not i.static or i.dtype != F32 for i in infos[:1] + infos[-1:]):
         return None
     args = [_arg(graph, v) if v else "" for v in node.inputs]
-    if node.domain == "omrt":
-        ok = node.op_type == "Gelu"
-        return Lowered([Step(node.outputs[0], "gelu", (args[0],))]) if ok else None
-    if node.op_type == "Gelu" and node.attrs.get("approximate", "none") == "none":
-        return Lowered([Step(node.outputs[0], "gelu", (args[0],))])
-    lowered = _elementwise(node, graph, args) or _reduction(node, graph, args) or _row_ops(node, graph, args)
+    if node.op_type == "Gelu":  # ONNX's or omrt's (from the Erf arithmetic): the erf form only
+        exact = node.attrs.get("approximate", "none") == "none"
+        lowered = Lowered([Step(node.outputs[0], "gelu", (args[0],))]) if exact else None
+    elif node.domain == "omrt":
+        return None
+    else:
+        lowered = _elementwise(node, graph, args) or _reduction(node, graph, args) or _row_ops(node, graph, args)
     if lowered is None or (ACT in node.attrs and not _activate(node, lowered)):
         return None
     operands = {a for s in lowered.steps for a in s.args if isinstance(a, str) and a and "~" not in a}
