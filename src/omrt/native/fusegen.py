@@ -179,7 +179,8 @@ class _Writer:
         for name, full in self.c.outputs:
             if not full and name in emitted and name not in self.written:
                 self.written.add(name)
-                lines.append(f"o{self._out_index(name)}[i] = {self.var[name]};")
+                # one writer per row: a chain split over its columns runs each row in every part
+                lines.append(f"if (c0 == 0) o{self._out_index(name)}[i] = {self.var[name]};")
         return lines
 
     def _out_index(self, name: str) -> int:
@@ -191,13 +192,13 @@ class _Writer:
                  f"int64_t c1) {{"]
         for k, op in enumerate(c.inputs):
             off = " + ".join(f"(i / {d} % {m}) * {st}" for d, m, st in op.terms) or "0"
-            if op.full:
-                lines.append(f"    const float *restrict px{k} = J->in{k} + {off};")
+            if op.full:  # input 0 may be output 0's buffer (AutoFused.inplace): no restrict on those two
+                lines.append(f"    const float *{'' if k == 0 else 'restrict '}px{k} = J->in{k} + {off};")
             else:
                 lines.append(f"    const float x{k} = J->in{k}[{off}];")
         for k, (name, full) in enumerate(c.outputs):
             if full:
-                lines.append(f"    float *restrict o{k} = J->out{k} + i * {c.cols};")
+                lines.append(f"    float *{'' if k == 0 else 'restrict '}o{k} = J->out{k} + i * {c.cols};")
             else:
                 lines.append(f"    float *restrict o{k} = J->out{k};")
         for v in sorted(self.stored):
@@ -285,9 +286,9 @@ def source(chain: Chain) -> str:
     fields += [f"    float *out{k};" for k in range(len(c.outputs))]
     fields += ["    int64_t parts;"]
     by_rows = c.reduces or c.rows >= 2
-    part = (f"    int64_t r0 = {c.rows} * item / J->parts, r1 = {c.rows} * (item + 1) / J->parts;\n"
+    part = (f"    int64_t r0 = omrt_part({c.rows}, J->parts, item), r1 = omrt_part({c.rows}, J->parts, item + 1);\n"
             f"    for (int64_t i = r0; i < r1; i++) row_{c.symbol}(J, i, 0, {c.cols});" if by_rows else
-            f"    int64_t c0 = {c.cols} * item / J->parts, c1 = {c.cols} * (item + 1) / J->parts;\n"
+            f"    int64_t c0 = omrt_part({c.cols}, J->parts, item), c1 = omrt_part({c.cols}, J->parts, item + 1);\n"
             f"    for (int64_t i = 0; i < {c.rows}; i++) row_{c.symbol}(J, i, c0, c1);")
     params = [f"const float *in{k}" for k in range(len(c.inputs))]
     params += [f"float *out{k}" for k in range(len(c.outputs))] + ["int64_t threads"]
