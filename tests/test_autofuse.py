@@ -18,6 +18,7 @@ from omrt.cli import main as cli
 from omrt.errors import KernelError
 from omrt.format import kernelstore
 from omrt.ir import TensorInfo
+from omrt.kernels import parallel
 from omrt.kernels.fused import AutoFused, intermediate_bytes, is_fused
 from omrt.native import build as native_build
 from omrt.native import fused as native_fused
@@ -155,16 +156,21 @@ def test_each_chain_kind_is_found_and_fused(kind, tmp_path):
 
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("kind", list(CHAINS))
-def test_fused_agrees_with_unfused_and_the_reference(kind, threads, tmp_path):
+def test_fused_agrees_with_unfused_and_the_reference(kind, threads, tmp_path, monkeypatch):
     model, path, _ = _compiled(tmp_path, CHAINS[kind][0])
     _, plain, _ = _compiled(tmp_path, CHAINS[kind][0], autofuse=False, model=model)
     feeds = _feeds(model)
     want = dict(zip([o.name for o in model.graph.output], ReferenceEvaluator(model).run(None, feeds)))
     fused, unfused = omrt.load(path, trust_kernels=True), omrt.load(plain, trust_kernels=True)
+    monkeypatch.setattr(parallel, "NATIVE_SPLIT_BYTES", 0)  # these chains are small: split them anyway
+    asked = []
+    monkeypatch.setattr(parallel, "native_threads", lambda *a, _f=parallel.native_threads, **k: asked.append(
+        _f(*a, **k)) or asked[-1])
     with _threads(threads):
         got = fused.session().run(feeds)
         base = unfused.session().run(feeds)
     assert sum(fused.native.fused.calls().values()) == 1
+    assert asked[0] == threads  # the generated code ran on that many threads
     for name, w in want.items():
         assert scaled_error(got[name], w) <= TOL, name
         assert scaled_error(got[name], base[name]) <= TOL, name

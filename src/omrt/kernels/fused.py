@@ -10,7 +10,6 @@ same results within float rounding.
 
 from __future__ import annotations
 
-import weakref
 
 import numpy as np
 
@@ -75,22 +74,18 @@ class AutoFused(Kernel):
                    [(tuple(o.shape), o.dtype) for o in outputs if o is not None])
         if library is not None and planned == self.expect:
             self.fused = library.get(self.symbol, self.guard)
-        self.nbytes = sum(int(np.prod(shape, dtype=np.int64)) * dt.itemsize for shape, dt in self.expect[1])
-        self._met: tuple = ()
-        """Weak references to the arrays of the last call that met the guard: a run hands the
-        same ones again (weak: an unbound buffer must not be kept alive here)."""
+        self.nbytes = sum(int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+                          for shape, dt in self.expect[0] + self.expect[1])
+        """Bytes the chain reads and writes: what sizes its work (a chain ending in a reduction
+        writes little and reads much)."""
 
     def _meet(self, arrays: tuple) -> bool:
-        """True when these arrays meet the guard (the same objects as last time always do)."""
-        if len(arrays) == len(self._met) and all(a is ref() for a, ref in zip(arrays, self._met)):
-            return True
+        """True when these arrays meet the guard: the shapes, dtypes and layout its code was
+        generated for (the binding then checks sizes, writability and alignment again, as for
+        every native call)."""
         ins, outs = self.expect
         n = len(ins)
-        if (_meets(arrays[:n], ins) and _meets(arrays[n:], outs)
-                and all(o.flags.writeable for o in arrays[n:])):
-            self._met = tuple(weakref.ref(a) for a in arrays)
-            return True
-        return False
+        return _meets(arrays[:n], ins) and _meets(arrays[n:], outs)
 
     def run(self, inputs, outputs, workspace):
         arrays = (*inputs, *outputs)
