@@ -189,6 +189,24 @@ def test_imports_from_buffers_dlpack_and_addresses_copy_nothing():
         assert owner.raw[0:1] == b"A"
 
 
+def test_a_view_of_memory_at_an_address_keeps_its_owner_alive():
+    import ctypes
+    import gc
+    import weakref
+
+    owner = ctypes.create_string_buffer(b"omrt", 64)
+    gone = weakref.ref(owner)
+    memory = Memory.from_address(ctypes.addressof(owner), 64, owner)
+    view = memory.view(np.uint8, (4,))
+    memory.close()
+    del owner, memory
+    gc.collect()
+    assert gone() is not None and bytes(view) == b"omrt"  # read through the view, not freed memory
+    del view
+    gc.collect()
+    assert gone() is None
+
+
 def test_sync_is_nothing_on_plain_memory_and_msync_on_a_written_file(tmp_path):
     with Memory.allocate(4096) as m:
         assert m.sync("both") == 0 and m.syncs == 0

@@ -147,7 +147,9 @@ class Memory:
         if not address or nbytes <= 0:
             raise AllocationError(f"address {address:#x} with {nbytes} bytes is not memory: pass a non-null "
                                   f"address and a positive size")
-        array = np.ctypeslib.as_array((ctypes.c_ubyte * nbytes).from_address(address))
+        raw = (ctypes.c_ubyte * nbytes).from_address(address)
+        raw._omrt_owner = owner  # every view's base chain reaches `raw`: the owner lives as long as they do
+        array = np.ctypeslib.as_array(raw)
         if not writable:
             array.flags.writeable = False
         return cls(array, "address", owner=owner)
