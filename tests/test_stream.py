@@ -166,6 +166,21 @@ def test_a_file_that_changes_under_a_running_model_is_detected_and_the_session_r
     sess.close()
 
 
+def test_a_model_at_an_offset_in_an_fd_streams_its_own_weights(mlp_om):
+    data = open(mlp_om, "rb").read()
+    fd = os.memfd_create("models")
+    try:
+        os.write(fd, bytes(8192) + data)
+        memory = omrt.Memory.from_fd(fd, len(data), offset=8192, writable=False)
+        model = omrt.load(memory, weight_budget=LAYER + 8192)
+        assert model.default.stream.fills
+        x = _x()
+        want = omrt.load(mlp_om).session().run({"x": x})["y"]
+        np.testing.assert_array_equal(model.session().run({"x": x})["y"], want)
+    finally:
+        os.close(fd)
+
+
 def test_weights_need_a_file_to_stream_from(mlp_om):
     with pytest.raises(omrt.InputError, match="streams weights from the model file; <bytes of the model> is "
                                               "memory: load the model from a path or an fd"):

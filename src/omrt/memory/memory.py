@@ -46,7 +46,7 @@ class Memory:
     `close()` it (or use it as a context manager) when done."""
 
     def __init__(self, array: np.ndarray, origin: str, *, mapping: mmap.mmap | None = None,
-                 fd: int | None = None, owner: Any = None, kind: str = "plain") -> None:
+                 fd: int | None = None, owner: Any = None, kind: str = "plain", fd_offset: int = 0) -> None:
         self._array: np.ndarray | None = array
         self.origin = origin
         """"allocated", "fd", "buffer", "dlpack" or "address"."""
@@ -60,6 +60,8 @@ class Memory:
         """DMA_BUF_IOCTL_SYNC and msync calls made on it."""
         self._mapping = mapping
         self._fd = fd
+        self.fd_offset = fd_offset
+        """Where in `fd` its first byte lies (from_fd's offset; 0 for memory omrt allocated)."""
         self._owner = owner
         self._holders: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self.run_lock = threading.Lock()
@@ -113,7 +115,7 @@ class Memory:
         array = np.frombuffer(mapping, np.uint8, size, offset - start)
         if not writable:
             array.flags.writeable = False
-        return cls(array, "fd", mapping=mapping, fd=os.dup(fd), kind=system.fd_kind(fd))
+        return cls(array, "fd", mapping=mapping, fd=os.dup(fd), kind=system.fd_kind(fd), fd_offset=offset)
 
     @classmethod
     def from_buffer(cls, buffer: Any, writable: bool | None = None) -> "Memory":

@@ -155,8 +155,9 @@ class Model:
 
     def _weight_file(self, partition: memoryview, source: Any, keep_cache: bool) -> WeightFile:
         """The model file, opened for streaming weights, and where each weight lies in it."""
+        at = 0  # where the model file starts in the fd (a Memory mapped from an offset)
         if self._source is not None and self._source.fd is not None:
-            fd = self._source.fd
+            fd, at = self._source.fd, self._source.fd_offset
         elif isinstance(source, (str, os.PathLike)):
             fd = os.open(source, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
             weakref.finalize(self, os.close, fd)
@@ -164,7 +165,7 @@ class Model:
             raise InputError(f"weight_budget= streams weights from the model file; {self.path} is memory: load "
                              f"the model from a path or an fd")
         base = np.frombuffer(partition, np.uint8).__array_interface__["data"][0] if len(partition) else 0
-        start = self._file.entry(Part.WEIGHTS).offset
+        start = at + self._file.entry(Part.WEIGHTS).offset
         offsets = {k: start + a.__array_interface__["data"][0] - base
                    for k, a in self.graph.constants.items() if a.dtype != object and a.nbytes}
         if isinstance(self._file.map, mmap.mmap):
