@@ -225,6 +225,15 @@ def test_set_weight_refuses_what_does_not_fit_naming_the_weight(mlp_om):
         sess.set_weight("W1", np.zeros((WIDTH, 2 * WIDTH), np.float32)[:, ::2])
     with pytest.raises(omrt.InputError, match=r"'nope' is not a weight the model's kernels read; they are"):
         sess.set_weight("nope", np.zeros(3))
+    with omrt.Memory.allocate(LAYER) as swap:
+        swap.view(np.float32, (WIDTH, WIDTH))[:] = 0
+        sess.set_weight("W1", swap)
+        with pytest.raises(omrt.BindError, match="the replacement is float64"):
+            sess.set_weight("W1", np.zeros((WIDTH, WIDTH)))  # refused: the swap stays, and so does its hold
+        assert sess._weights["W1"][1] is swap
+        with pytest.raises(omrt.BindError, match=r"is in use \(weight 'W1' of a session"):
+            swap.close()
+        sess.set_weight("W1", None)
     streamed = omrt.load(mlp_om, weight_budget=LAYER + 8192).session()
     key = streamed._prep.stream.fills[0].key
     with pytest.raises(omrt.BindError, match=f"weight '{key}' streams through slots under the weight budget"):

@@ -228,21 +228,20 @@ class Session:
         following runs, without a copy: the kernels that read it are pointed at it (address
         refresh) and prepared again without its old value. None goes back to the model's own."""
         original = self._weight_info(name)
+        memory = weight if isinstance(weight, Memory) else None
+        array = None
+        if weight is not None:  # checked before anything changes: a refused weight leaves the swap in place
+            array = weight.view(original.dtype, original.shape, offset) if memory else as_array(weight, name)
+            _check_weight(name, array, original)
         old = self._weights.pop(name, (None, None))[1]
         if old is not None and all(m is not old for _, m in self._weights.values()):
             old.release(self)
-        if weight is None:
-            if self._executor is not None:
-                self._executor.swap_weight(name, self.model.graph.constants[name])
-            return
-        memory = weight if isinstance(weight, Memory) else None
-        array = weight.view(original.dtype, original.shape, offset) if memory else as_array(weight, name)
-        _check_weight(name, array, original)
         if memory is not None:
             memory.hold(self, f"weight {name!r} of a session of {self.model!r}")
-        self._weights[name] = (array, memory)
+        if array is not None:
+            self._weights[name] = (array, memory)
         if self._executor is not None:
-            self._executor.swap_weight(name, array)
+            self._executor.swap_weight(name, self.model.graph.constants[name] if array is None else array)
 
     def _weight_info(self, name: str) -> Any:
         """The info of a weight a session can swap, or an InputError listing them."""
@@ -342,8 +341,10 @@ class Session:
             self._place_inputs(arrays, feeds)
             results, late = self._place_outputs()
             self._bracket("begin")
-            found = self._executor.run(values, tally)
-            self._bracket("end")
+            try:
+                found = self._executor.run(values, tally)
+            finally:
+                self._bracket("end")  # a failed run closes the device bracket too
             self._finish_outputs(results, late, found)
         finally:
             self._running.release()
