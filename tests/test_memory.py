@@ -401,6 +401,10 @@ def test_a_pool_hands_out_fixed_sets_and_takes_them_back(mlp_om):
     with pytest.raises(omrt.BindError, match=r"no free set in the pool of 2 after 0.01 s"):
         pool.acquire(timeout=0.01)
     a.release(), b.release()
+    a.release()  # a second release does not put the set in the queue twice
+    c, d = pool.acquire(timeout=1), pool.acquire(timeout=1)
+    assert c is not d
+    c.release(), d.release()
     assert sess.stats.bytes_copied == 0
     pool.close()
     assert all(m.closed for m in memories)

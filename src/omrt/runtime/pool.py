@@ -32,6 +32,8 @@ class IOSet:
         """name -> (dtype, shape, byte offset in `memory`)."""
         self.arrays = {name: memory.view(dtype, shape, offset) for name, (dtype, shape, offset) in layout.items()}
         self._sessions: weakref.WeakSet = weakref.WeakSet()
+        self.free = True
+        """In the pool's free queue: a second release must not put it there twice."""
 
     def __getitem__(self, name: str) -> np.ndarray:
         return self.arrays[name]
@@ -49,7 +51,9 @@ class IOSet:
                 if session.bound_memory(name) is self.memory:
                     session.unbind(name)
         self._sessions.clear()
-        self.pool._free.put(self)
+        if not self.free:
+            self.free = True
+            self.pool._free.put(self)
 
     def __enter__(self) -> "IOSet":
         return self
@@ -91,13 +95,15 @@ class IOPool:
     def acquire(self, timeout: float | None = None) -> IOSet:
         """A free set (waiting up to `timeout` seconds for one; None waits as long as it takes)."""
         try:
-            return self._free.get(timeout=timeout)
+            io_set = self._free.get(timeout=timeout)
         except queue.Empty:
             raise BindError(f"no free set in the pool of {len(self.sets)} after {timeout} s; release sets "
                             f"when their runs are done, or make the pool bigger") from None
+        io_set.free = False
+        return io_set
 
     def close(self) -> None:
         """Close every set's memory (refused while one is still bound)."""
         for io_set in self.sets:
-            io_set.arrays.clear()
+            io_set.arrays.clear()  # its own views first: close() refuses while views are alive
             io_set.memory.close()
