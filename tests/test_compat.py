@@ -432,11 +432,14 @@ def test_repack_refuses_what_it_cannot_do_and_writes_nothing(host_om, foreign_om
     with_custom = str(tmp_path / "custom.om")
     omrt.repack(host_om, with_custom, add=[custom])
     with pytest.raises(omrt.InputError, match=re.escape(f"{with_custom} already carries com.acme.ops@any target "
-                                                        f"(other bytes): replace it with --replace")):
+                                                        f"(other bytes): custom operators change by recompiling")):
         omrt.repack(with_custom, out, add=[Packed(4, "com.acme.ops", "acme", {}, b"fixed code")])
-    with pytest.raises(omrt.InputError, match=re.escape("com.acme.ops@any target is a custom operator (kind 4) the "
-                                                        "model cannot run without: replace it")):
+    refused = re.escape("com.acme.ops@any target holds custom operators (kind 4): the model cannot run without "
+                        "them, and its CUSTOM_OPS partition pins their code by digest")
+    with pytest.raises(omrt.InputError, match=refused):
         omrt.repack(with_custom, out, remove=["com.acme.ops"])
+    with pytest.raises(omrt.InputError, match=refused):  # a replaced record would not be the one pinned
+        omrt.repack(with_custom, out, replace={"com.acme.ops": Packed(4, "com.acme.ops", "acme", {}, b"fixed")})
     assert not out.exists()
 
 

@@ -27,8 +27,9 @@ Source = Union[str, os.PathLike, Packed]
 (the bytes of a KERNELS partition, as `omrt.format.kernelstore.pack` writes them), or a record."""
 
 REMOVABLE = {NATIVE, 3}
-"""Kinds a model runs without (its numpy kernels, its unfused sub-graph): they may be removed.
-Custom operators (kinds 2 and 4) have no other implementation: replace them instead."""
+"""Kinds a model runs without (its numpy kernels, its unfused sub-graph): they may be removed or
+replaced. Custom operators (kinds 2 and 4) may be neither: they have no other implementation, and
+the CUSTOM_OPS partition names each one's record by name and digest (recompile to change them)."""
 
 
 @dataclass
@@ -97,15 +98,16 @@ def _carried(path: str, records: list[Packed]) -> str:
     return ", ".join(describe(r) for r in records) or "none"
 
 
-def _remove(records: list[Packed], selector: str, path: str, replacing: bool) -> list[Packed]:
+def _remove(records: list[Packed], selector: str, path: str) -> list[Packed]:
     """Take the records `selector` names out of `records`; the ones taken."""
     gone = select(records, selector)
     if not gone:
         raise InputError(f"{path} carries no packed library {selector!r}; it carries: {_carried(path, records)}")
-    kept = [r for r in gone if not replacing and r.kind not in REMOVABLE]
+    kept = [r for r in gone if r.kind not in REMOVABLE]
     if kept:
-        raise InputError(f"{describe(kept[0])} is a custom operator (kind {kept[0].kind}) the model cannot run "
-                         f"without: replace it (--replace {selector}=FILE) rather than remove it")
+        raise InputError(f"{describe(kept[0])} holds custom operators (kind {kept[0].kind}): the model cannot run "
+                         f"without them, and its CUSTOM_OPS partition pins their code by digest; recompile the "
+                         f"model with the new operator (omrt compile --custom-op) to change it")
     records[:] = [r for r in records if all(r is not g for g in gone)]
     return gone
 
@@ -121,8 +123,9 @@ def _add(records: list[Packed], new: Iterable[Packed], path: str, notes: list[st
             notes.append(f"{describe(r)}: kept the one {path} carries, of the same version (kernel ABI, units, CPU "
                          f"features): the loader takes either")
         elif same and same[0].data != r.data:
-            raise InputError(f"{path} already carries {describe(r)} (other bytes): replace it with --replace "
-                             f"{describe(r)}=FILE")
+            fix = (f"replace it with --replace {describe(r)}=FILE" if r.kind in REMOVABLE else
+                   "custom operators change by recompiling the model")
+            raise InputError(f"{path} already carries {describe(r)} (other bytes): {fix}")
         if not same:
             records.append(r)
             added.append(r)
@@ -179,9 +182,9 @@ def repack(src: str | os.PathLike, dst: str | os.PathLike, add: Iterable[Source]
         result = RepackResult(os.fspath(dst))
         notes: list[str] = []
         for selector in remove:
-            result.removed += _remove(records, selector, src, replacing=False)
+            result.removed += _remove(records, selector, src)
         for selector, source in (replace or {}).items():
-            result.removed += _remove(records, selector, src, replacing=True)
+            result.removed += _remove(records, selector, src)
             result.added += _add(records, records_from(source), src, notes)
         for source in add:
             result.added += _add(records, records_from(source), src, notes)
