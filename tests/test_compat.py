@@ -191,6 +191,17 @@ def test_fused_kernels_are_built_per_compiler_and_join_the_library_chosen(tmp_pa
     assert model.native.fused.calls()
 
 
+@pytest.mark.skipif(HOST_CC is None or CROSS_CC is None, reason="needs a C compiler and a cross compiler")
+def test_a_custom_c_operator_for_this_host_only_says_so_when_other_targets_are_built(tmp_path):
+    from test_custom_ops import fast_gelu_op, unary_model
+
+    cross = probe.triple([CROSS_CC])
+    with pytest.warns(RuntimeWarning, match=rf"is built for this host \({platform.machine()}\) only; on {cross} "
+                                            r"the model's custom operators will not run"):
+        omrt.compile(unary_model("FastGelu"), str(tmp_path / "m.om"), custom_ops=[fast_gelu_op()],
+                     cc=[HOST_CC, CROSS_CC])
+
+
 # --- the loader's choice -----------------------------------------------------------------------
 
 

@@ -443,11 +443,30 @@ def test_a_checked_run_catches_a_c_kernel_writing_past_its_output(tmp_path, monk
 
 def test_a_kernel_that_returns_or_rebinds_instead_of_writing_is_an_error(tmp_path):
     for body, message in (("return inputs[0] * 2", r"its kernel returned a value; a kernel writes into the outputs"),
-                          ("outputs[0] = inputs[0] * 2", r"its kernel replaced outputs\[0\] instead of writing")):
+                          ("outputs[0] = inputs[0] * 2", r"its kernel replaced outputs\[0\] instead of writing"),
+                          ("outputs.clear()", r"its kernel changed the list of outputs \(1 given, 0 left\)")):
         kernel = f"def run(inputs, outputs, workspace, attrs):\n    {body}\n"
         omrt.compile(unary_model("Bad"), str(tmp_path / "bad.om"), custom_ops=[_bad_op(kernel)])
         with pytest.raises(omrt.KernelError, match=message):
             omrt.load(str(tmp_path / "bad.om"), trust_kernels=True).session().run({"x": np.ones((2, 16), np.float32)})
+
+
+@needs_cc
+def test_a_c_library_states_what_it_needs_not_what_built_it(tmp_path):
+    from omrt.native import elf
+
+    omrt.compile(unary_model("FastGelu"), str(tmp_path / "m.om"), custom_ops=[fast_gelu_op()])
+    [record] = [r for r in _records(str(tmp_path / "m.om")) if r.kind == NATIVE_OP]
+    assert record.target["elf_machine"] == elf.identity(record.data)[2]
+    if record.target["libc"] == "glibc":  # the glibc its symbols need, older than the build host's
+        assert record.target["libc_version"] == elf.glibc_needed(record.data)
+
+
+def _records(path: str) -> list[Packed]:
+    from omrt.format import OmFile, Part
+    from omrt.format.kernelstore import unpack
+
+    return unpack(OmFile(path).view(Part.KERNELS), path)
 
 
 @needs_cc

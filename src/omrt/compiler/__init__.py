@@ -20,7 +20,7 @@ from ..format.modeldef import encode, encode_program, weight_layout, weights
 from ..ir import Graph
 from ..kernels import kernel_of
 from ..native.library import kernel_abi
-from ..native import build
+from ..native import build, probe
 from ..native.loader import dedupe_key
 from ..native.target import label
 from ..plan import Program, lower, propagate, specialize
@@ -174,7 +174,7 @@ def compile_model(model: Any, output: str | os.PathLike, shapes: Mapping[str, Se
         say("planning memory")
         program = lower(graph)
     stored = [_plan_for(graph, signature, say) for signature in shapes_for]
-    custom_records, custom_part = custom.pack(graph, ops, say)
+    custom_records, custom_part = custom.pack(graph, ops, say, [probe.triple(cc.split()) for cc in compilers or []])
     records = libraries + custom_records
     constants = weights(graph)
     layout = weight_layout(constants)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import os
 import platform
+import warnings
 from typing import Callable, Sequence
 
 from ..custom import CustomOp
@@ -69,9 +70,10 @@ def used(graph: Graph, ops: Ops) -> list[CustomOp]:
     return [op for key, op in ops.items() if key in keys]
 
 
-def pack(graph: Graph, ops: Ops, say: Callable[[str], None]) -> tuple[list[Packed], bytes | None]:
+def pack(graph: Graph, ops: Ops, say: Callable[[str], None], targets: Sequence[str] = ()
+         ) -> tuple[list[Packed], bytes | None]:
     """(KERNELS records, CUSTOM_OPS partition) for the operators the graph uses; (no records,
-    None) when it uses none."""
+    None) when it uses none. `targets` are the triples of the compilers `cc=` named."""
     chosen = used(graph, ops)
     for op in chosen:
         if graph.opset(op.domain) < op.since:
@@ -87,7 +89,19 @@ def pack(graph: Graph, ops: Ops, say: Callable[[str], None]) -> tuple[list[Packe
             symbols = [op.symbol for op, e in zip(chosen, entries) if e.record == record.name]
             record.target = native_custom.library_target(record.data, symbols, record.target["compiler"],
                                                          f"custom operator library {record.name}")
+            _warn_other_targets(record, targets)
     return list(records.values()), encode(entries)
+
+
+def _warn_other_targets(record: Packed, targets: Sequence[str]) -> None:
+    """A custom library is built for this host only (one record per operator): say so when the
+    compilers `cc=` named build for other machines too."""
+    here = record.target.get("machine")
+    others = sorted({t for t in targets if t and not t.startswith(f"{here}-")})
+    if others:
+        warnings.warn(f"omrt compile: custom operator library {record.name} is built for this host ({here}) only; "
+                      f"on {', '.join(others)} the model's custom operators will not run (pack a library built "
+                      f"there with shared_library=, compiled for that target)", RuntimeWarning, stacklevel=4)
 
 
 def _record(op: CustomOp, records: dict[str, Packed]) -> Packed:

@@ -349,8 +349,11 @@ class CustomKernel(Kernel):
         if result is not None:
             raise KernelError(f"{self.where}: its kernel returned a value; a kernel writes into the outputs it "
                               f"is handed (outputs[0][...] = result) and returns None")
+        if len(given) != len(outputs):
+            raise KernelError(f"{self.where}: its kernel changed the list of outputs ({len(outputs)} given, "
+                              f"{len(given)} left); write into each with outputs[i][...] = result")
         for i, (a, b) in enumerate(zip(given, outputs)):
-            if a is not b or len(given) != len(outputs):
+            if a is not b:
                 raise KernelError(f"{self.where}: its kernel replaced outputs[{i}] instead of writing into it; "
                                   f"write with outputs[{i}][...] = result")
 

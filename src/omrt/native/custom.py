@@ -21,7 +21,7 @@ import numpy as np
 
 from ..errors import CompileError, KernelError
 from ..format.kernelstore import NATIVE_OP, Packed
-from . import build
+from . import build, elf
 from .library import CUSTOM_HEADER, SOURCES
 from .elf import exported_functions
 from .target import host, host_mismatch
@@ -164,9 +164,11 @@ def library_target(data: bytes, symbols: Iterable[str], compiler: str, where: st
         raise CompileError(f"{where}: the library has no entry point {missing[0]!r} (it exports "
                            f"{', '.join(sorted(exported)) or 'no function'}); export it with OMRT_EXPORT, or "
                            f"name the function it has with symbol=")
-    target = dict(host())
+    target = dict(host())  # its libc_version: the newest glibc its symbols need, not the build host's
+    ident = elf.identity(data)
     target.update(custom_abi=CUSTOM_ABI, symbols=sorted(set(symbols)), compiler=compiler,
-                  python=platform.python_version())
+                  python=platform.python_version(), elf_machine=ident[2] if ident else 0,
+                  libc_version=elf.glibc_needed(data) if target.get("libc") == "glibc" else target.get("libc_version"))
     why = host_mismatch(Packed(NATIVE_OP, "", "", target, data))
     if why is not None:
         raise CompileError(f"{where}: the library does not load on this host ({why}); build it for this host")
