@@ -417,7 +417,17 @@ def test_repack_replace_swaps_a_library_for_another_build(host_om, tmp_path):
     res = omrt.repack(host_om, path, replace={"omrt-native": rebuilt})
     assert [r.data for r in res.removed] == [records(host_om)[0].data]
     assert [r.data for r in records(path)] == [records(rebuilt)[0].data] != [records(host_om)[0].data]
-    np.testing.assert_array_equal(run(path)[1], run(host_om)[1])
+    # in a fresh process, so that the replacement's own bytes load (here, host_om's library of the
+    # same version would be reused)
+    code = ("import numpy as np, omrt\nfrom omrt.native import loader\n"
+            f"m = omrt.load({path!r}, trust_kernels=True)\n"
+            f"y = m.session().run({{'x': np.load({str(tmp_path / 'x.npy')!r})}})['y']\n"
+            f"np.save({str(tmp_path / 'y.npy')!r}, y)\n"
+            "print(m.kernels[0].status, loader.stats()['name']['loads'], m.native.calls() != {})")
+    np.save(tmp_path / "x.npy", X)
+    done = run_without_onnx(code)
+    assert done.stdout.split() == ["loaded", "1", "True"], done.stderr
+    np.testing.assert_array_equal(np.load(tmp_path / "y.npy"), run(host_om)[1])
 
 
 @needs_cc
