@@ -24,7 +24,7 @@ import numpy as np
 
 from ..errors import AllocationError, BindError
 from . import system
-from .alignment import align
+from .alignment import ALIGN, align
 
 DIRECTIONS = ("to_device", "from_device", "both")
 _READ_WRITE = {"from_device": system.DMA_BUF_SYNC_READ, "to_device": system.DMA_BUF_SYNC_WRITE,
@@ -218,6 +218,19 @@ class Memory:
         return 1
 
     # ------------------------------------------------------------------ who uses it
+
+    def region(self, nbytes: int, holder: Any, role: str, error: type[Exception] = BindError) -> np.ndarray:
+        """Its first `nbytes` bytes as a writable, ALIGN-aligned view that omrt writes as `role`
+        (an arena, a model's weights), held by `holder`; `error` names what it lacks otherwise."""
+        problem = ("is read-only" if not self.writable else
+                   f"holds {self.nbytes} bytes" if self.nbytes < nbytes else
+                   f"does not start on a {ALIGN}-byte boundary" if self.address % ALIGN else None)
+        if problem is not None:
+            raise error(f"{self!r} {problem}: {role} needs {nbytes} writable bytes from a {ALIGN}-byte "
+                        f"boundary; allocate them with omrt.Memory.allocate({nbytes})")
+        view = self.view(np.uint8, (nbytes,))
+        self.hold(holder, role)
+        return view
 
     def hold(self, holder: Any, role: str) -> None:
         """Record that `holder` (a session or model) uses this memory as `role`."""

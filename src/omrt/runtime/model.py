@@ -174,12 +174,9 @@ class Model:
 
     def _place_weights(self, partition: memoryview, memory: Memory) -> memoryview:
         """Copy the weights into the caller's memory (once, at load) and read them from there."""
-        if not memory.writable or memory.nbytes < len(partition):
-            raise AllocationError(f"{memory!r} cannot hold this model's weights: they need {len(partition)} "
-                                  f"writable bytes (Model.memory_sizes()['weights']); allocate that much")
-        placed = memory.view(np.uint8, (len(partition),))
+        placed = memory.region(len(partition), self, f"the weights of the model {self.path} "
+                                                     f"(Model.memory_sizes()['weights'])", AllocationError)
         placed[:] = np.frombuffer(partition, np.uint8)
-        memory.hold(self, f"the weights of the model {self.path}")
         self.weights_copied = len(partition)
         return memoryview(placed).toreadonly()
 

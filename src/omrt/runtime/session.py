@@ -75,14 +75,7 @@ class Session:
 
     def _caller_arena(self, arena: Memory) -> np.ndarray:
         """The caller's memory as this session's arena: writable, aligned, held while in use."""
-        if not arena.writable:
-            raise BindError(f"{arena!r} is read-only; an arena is written by every run: pass writable memory")
-        view = arena.view(np.uint8, (arena.nbytes,))
-        if view.__array_interface__["data"][0] % ALIGN:
-            raise BindError(f"{arena!r} does not start on a {ALIGN}-byte boundary; allocate it with "
-                            f"omrt.Memory.allocate")
-        arena.hold(self, f"the arena of a session of {self.model!r}")
-        return view
+        return arena.region(arena.nbytes, self, f"the arena of a session of {self.model!r}")
 
     @property
     def _prep(self) -> Prepared | None:
