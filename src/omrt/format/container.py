@@ -152,13 +152,8 @@ class OmFile:
 
     @staticmethod
     def _buffer(source: object) -> tuple[memoryview, int]:
-        try:
-            view = byte_view(source)
-        except TypeError:
-            raise FormatError(f"a model is a path or the bytes of a .om file, not a "
-                              f"{type(source).__name__}") from None
-        except ValueError:
-            raise FormatError("the buffer holding the model is not contiguous; pass bytes(buffer)") from None
+        view = byte_view(source, FormatError, f"a model is a path or the bytes of a .om file, not a "
+                         f"{type(source).__name__}", "the buffer holding the model is not contiguous; pass bytes(buffer)")
         return view, len(view)
 
     def _check(self, size: int) -> None:

@@ -31,12 +31,15 @@ _READ_WRITE = {"from_device": system.DMA_BUF_SYNC_READ, "to_device": system.DMA_
                "both": system.DMA_BUF_SYNC_READ | system.DMA_BUF_SYNC_WRITE}
 
 
-def byte_view(buffer: Any) -> memoryview:
-    """The bytes of an object with the buffer protocol, in place: TypeError when it has none,
-    ValueError when they are not contiguous."""
-    view = memoryview(buffer)
+def byte_view(buffer: Any, error: type[Exception], not_a_buffer: str, scattered: str) -> memoryview:
+    """The bytes of an object with the buffer protocol, in place; `error` with the message
+    `not_a_buffer` when it has none, `scattered` when its bytes are not contiguous."""
+    try:
+        view = memoryview(buffer)
+    except TypeError:
+        raise error(not_a_buffer) from None
     if not view.c_contiguous:
-        raise ValueError("not contiguous")
+        raise error(scattered)
     return view.cast("B")
 
 
@@ -121,13 +124,9 @@ class Memory:
     def from_buffer(cls, buffer: Any, writable: bool | None = None) -> "Memory":
         """Memory over any object with the buffer protocol (bytearray, mmap, numpy,
         SharedMemory.buf, ...), without a copy; writable=None follows the buffer."""
-        try:
-            view = byte_view(buffer)
-        except TypeError:
-            raise AllocationError(f"a {type(buffer).__name__} has no buffer protocol; pass bytes, a bytearray, "
-                                  f"an mmap or a numpy array") from None
-        except ValueError:
-            raise AllocationError("the buffer is not contiguous: omrt maps memory in place, it cannot gather it")
+        view = byte_view(buffer, AllocationError, f"a {type(buffer).__name__} has no buffer protocol; pass bytes, "
+                         f"a bytearray, an mmap or a numpy array",
+                         "the buffer is not contiguous: omrt maps memory in place, it cannot gather it")
         if writable and view.readonly:
             raise AllocationError(f"the {type(buffer).__name__} is read-only, and writable=True was asked")
         array = np.frombuffer(view, np.uint8) if view.nbytes else np.empty(0, np.uint8)
