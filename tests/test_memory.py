@@ -465,6 +465,7 @@ def _play(model: omrt.Model, steps: list[tuple[str, int]]) -> tuple[list, list]:
             np.testing.assert_allclose(y, mlp_reference(np.full((4, 64), k, np.float32)), rtol=1e-5, atol=1e-4)
             if (sess_i, "y") in bound:
                 assert np.shares_memory(y, bound[(sess_i, "y")].as_array())
+            del x, y  # views: a memory unbound later must close
         elif op == "close" and mem is not None and not mem.closed:
             if any(m is mem for m in bound.values()):
                 with pytest.raises(omrt.BindError, match="is in use"):
@@ -496,6 +497,20 @@ def test_ownership_rules_hold_for_any_sequence_and_nothing_leaks(mlp_om, steps):
     del sessions, memories
     gc.collect()
     assert system.map_count() == before
+
+
+def test_memory_rebound_away_from_can_be_closed(mlp_om):
+    sess = omrt.load(mlp_om).session()
+    first, second = Memory.allocate(2048), Memory.allocate(2048)
+    sess.bind("x", first)
+    sess.run()
+    sess.bind("x", second)  # the kernels no longer point at `first`
+    first.close()
+    assert first.closed
+    second.view(np.float32, (4, 64))[:] = 1
+    np.testing.assert_allclose(sess.run()["y"], mlp_reference(np.ones((4, 64), np.float32)), rtol=1e-5, atol=1e-4)
+    sess.close()
+    second.close()
 
 
 def test_read_only_memory_is_refused_where_the_model_writes(mlp_om):

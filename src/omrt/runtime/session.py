@@ -259,10 +259,12 @@ class Session:
                              f"{sorted(self._bound) + sorted(self._held)}")
         self._release(name)
         del self._bound[name]
-        if self._executor is not None:
-            self._executor.forget(name)
 
     def _release(self, name: str) -> None:
+        """Let go of what is bound to `name`: the kernels' pointers at it (until the next run
+        points them again) and the hold on its memory, which can then be closed."""
+        if self._executor is not None:
+            self._executor.forget(name)
         memory = self._memories.pop(name, None)
         if memory is not None and memory not in self._memories.values():
             memory.release(self)
