@@ -192,6 +192,7 @@ class WeightStream:
             self._next.cancel()
         self._queue.put(None)
         self._thread.join()
+        self.source.forget()  # what the kernel read ahead for the cancelled run leaves the cache too
         self.views.clear()
         try:
             self.memory.close()
