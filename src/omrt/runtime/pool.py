@@ -40,8 +40,8 @@ class IOSet:
 
     def bind(self, session: "Session") -> None:
         """Bind every tensor of the set to `session` (its memory, in place)."""
-        for name, (_, _, offset) in self.layout.items():
-            session.bind(name, self.memory, offset)
+        for name, array in self.arrays.items():
+            session._bind_view(name, array, self.memory)  # the set's own views: nothing is made per request
         self._sessions.add(session)
 
     def release(self) -> None:

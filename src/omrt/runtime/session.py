@@ -175,6 +175,11 @@ class Session:
             return
         memory = array if isinstance(array, Memory) else None
         arr = self._memory_view(name, memory, offset) if memory is not None else as_array(array, name)
+        self._bind_view(name, arr, memory)
+
+    def _bind_view(self, name: str, arr: np.ndarray, memory: Memory | None) -> None:
+        """Bind the array `arr` (a view of `memory`, when given, which it then holds) to tensor
+        `name`: `bind` once it has the array; an `IOSet` with the views it made once."""
         if name in self._outputs and not arr.flags.writeable:
             raise BindError(f"output {name!r}: the bound buffer is read-only; bind a writable array")
         self._check(name, arr)
