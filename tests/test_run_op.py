@@ -53,8 +53,14 @@ def test_outputs_must_be_the_results_dtype_and_shape_and_writable():
         omrt.run_op("Relu", [a], [frozen])
     with pytest.raises(omrt.BindError, match="Relu gives 1 outputs here; pass that many"):
         omrt.run_op("Relu", [a], [])
-    with pytest.raises(omrt.InputError, match="Relu input 0: pass a C-contiguous numpy array"):
+    with pytest.raises(omrt.InputError, match="Relu input 0: pass an aligned, C-contiguous numpy array"):
         omrt.run_op("Relu", [np.ones((3, 4), np.float32)[:, ::2]], [np.empty((3, 2), np.float32)])
+    misaligned = np.zeros(4 * 6 + 1, np.uint8)[1:].view(np.float32).reshape(2, 3)
+    with pytest.raises(omrt.InputError, match="Relu input 0: pass an aligned"):
+        omrt.run_op("Relu", [misaligned], [np.empty((2, 3), np.float32)])
+    wide = np.ones((4, 3), np.float32)
+    with pytest.raises(omrt.BindError, match="Relu output 0 shares memory with an input"):
+        omrt.run_op("Relu", [wide[:2]], [wide[1:3]])
     with pytest.raises(omrt.UnsupportedOpError, match="NoSuchOp"):
         omrt.run_op("NoSuchOp", [a], [a])
     with pytest.raises(omrt.InputError, match="NonZero's output shape depends on its input values"):

@@ -18,6 +18,7 @@ from ..errors import BindError, InputError
 from ..ir import TensorInfo
 from ..kernels import OpContext, lookup
 from ..kernels.base import Kernel, newest_opset
+from ..memory import aligned_empty
 from ..plan.infer import infer_outputs
 from .executor import call_kernel
 
@@ -54,14 +55,14 @@ def _prepare(op_type: str, domain: str, opset: int, attrs: dict,
     outs = infer_outputs(cls, ctx, infos)
     kernel = cls(ctx, infos, outs)
     size = kernel.workspace()
-    return _Prepared(kernel, outs, np.empty(size, np.uint8) if size else None, threading.Lock())
+    return _Prepared(kernel, outs, aligned_empty(size) if size else None, threading.Lock())
 
 
 def _check_inputs(op_type: str, inputs: Sequence[Any]) -> None:
     for i, x in enumerate(inputs):
-        if x is not None and (not isinstance(x, np.ndarray) or not x.flags.c_contiguous):
-            raise InputError(f"{op_type} input {i}: pass a C-contiguous numpy array (np.ascontiguousarray "
-                             f"copies one), or None for an absent optional input")
+        if x is not None and (not isinstance(x, np.ndarray) or not (x.flags.c_contiguous and x.flags.aligned)):
+            raise InputError(f"{op_type} input {i}: pass an aligned, C-contiguous numpy array "
+                             f"(np.ascontiguousarray copies one), or None for an absent optional input")
 
 
 def _check_outputs(op_type: str, outputs: Sequence[Any], want: list[TensorInfo]) -> None:
@@ -74,6 +75,16 @@ def _check_outputs(op_type: str, outputs: Sequence[Any], want: list[TensorInfo])
                             f"{got}; pass np.empty({tuple(info.shape)}, np.{info.dtype.name})")
         if not (y.flags.c_contiguous and y.flags.writeable and y.flags.aligned):
             raise BindError(f"{op_type} output {i} must be a writable, aligned, C-contiguous array")
+
+
+def _check_overlap(op_type: str, inputs: Sequence[Any], outputs: Sequence[np.ndarray]) -> None:
+    """Refuse an output that shares memory with an input or another output: a kernel reads its
+    inputs while it writes, and run_op does not copy to make that safe."""
+    arrays = [x for x in inputs if x is not None]
+    for i, y in enumerate(outputs):
+        if any(np.may_share_memory(y, a) for a in arrays + list(outputs[:i])):
+            raise BindError(f"{op_type} output {i} shares memory with an input or another output; pass an "
+                            f"array of its own")
 
 
 def run_op(op_type: str, inputs: Sequence[np.ndarray | None], outputs: Sequence[np.ndarray], *,
@@ -91,6 +102,7 @@ def run_op(op_type: str, inputs: Sequence[np.ndarray | None], outputs: Sequence[
             _CACHE.clear()
         prepared = _CACHE[key] = _prepare(op_type, domain, opset, attrs, inputs)
     _check_outputs(op_type, outputs, prepared.outputs)
+    _check_overlap(op_type, inputs, outputs)
     with prepared.lock:
         call_kernel(prepared.kernel, op_type, op_type, list(inputs), list(outputs), prepared.workspace)
     return outputs
