@@ -95,6 +95,10 @@ def test_the_verifier_proves_the_schedule(mlp_om):
     plan.fills[1] = type(second)(second.key, second.nbytes, second.slot, first.last, second.last, second.previous)
     with pytest.raises(PlanError, match=r"'W1' would overwrite 'W0' in slot 0 before its last reader"):
         verify_stream(plan, prep.program, sizes)
+    plan.fills[1] = type(second)(second.key, second.nbytes // 2, second.slot, second.first, second.last,
+                                 second.previous)  # a fill that claims less than the weight it reads
+    with pytest.raises(PlanError, match=rf"weight 'W1' \({LAYER} bytes\) does not fit slot 0 as planned"):
+        verify_stream(plan, prep.program, sizes)
     plan.fills[1] = second
     plan.budget = plan.resident_bytes + plan.slots * plan.slot_size - 1
     with pytest.raises(PlanError, match="exceed the budget"):

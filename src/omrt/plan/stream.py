@@ -68,10 +68,6 @@ class StreamPlan:
     def streamed_bytes(self) -> int:
         return sum(f.nbytes for f in self.fills)
 
-    def fills_at(self, task: int) -> list[int]:
-        """Indices of the fills whose first reader is `task`."""
-        return [i for i, f in enumerate(self.fills) if f.first == task]
-
 
 def weight_readers(program: Program, sizes: dict[str, int]) -> dict[str, list[int]]:
     """weight key -> the tasks that read it (weights of at least one byte only)."""
@@ -179,8 +175,9 @@ def verify_stream(plan: StreamPlan, program: Program, sizes: dict[str, int]) -> 
     if set(plan.resident) | {f.key for f in plan.fills} != set(readers):
         raise PlanError("the plan neither keeps nor streams every weight the tasks read")
     for i, f in enumerate(plan.fills):
-        if f.nbytes > plan.slot_size or not 0 <= f.slot < plan.slots:
-            raise PlanError(f"weight {f.key!r} ({f.nbytes} bytes) does not fit slot {f.slot}")
+        if f.nbytes != sizes[f.key] or f.nbytes > plan.slot_size or not 0 <= f.slot < plan.slots:
+            raise PlanError(f"weight {f.key!r} ({sizes[f.key]} bytes) does not fit slot {f.slot} as planned "
+                            f"({f.nbytes} bytes in {plan.slot_size})")
         if not all(f.first <= t <= f.last for t in readers[f.key]):
             raise PlanError(f"a reader of {f.key!r} runs outside its time in slot {f.slot}")
         before = plan.fills[f.previous] if f.previous is not None else None
