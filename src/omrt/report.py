@@ -134,8 +134,9 @@ def fused_chains(model: Model) -> list[str]:
              f"tensors out of the arena"]
     for n in nodes:
         guard = n.attrs.get("guard", {})
-        runs = ("fused" if library is not None and library.get(n.attrs.get("kernel", ""), guard) is not None
-                else "unfused (fused kernels not loaded)")
+        runs = ("unfused (fused kernels not loaded)" if library is None else
+                "fused" if library.get(n.attrs.get("kernel", ""), guard) is not None else
+                "unfused (the loaded library has no function for this guard)")
         lines.append(f"  {n.name}: {n.attrs.get('kernel')}, {len(n.attrs[BODY].nodes)} nodes, runs {runs}")
         lines.append(f"    guard: in [{_arrays(guard.get('inputs', []))}] out [{_arrays(guard.get('outputs', []))}] "
                      f"{guard.get('layout', '?')}")

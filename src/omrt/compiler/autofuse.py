@@ -29,7 +29,7 @@ import numpy as np
 from ..format.kernelstore import Packed
 from ..ir import Graph, Node, TensorInfo
 from ..kernels import lookup
-from ..kernels.fused import BODY
+from ..kernels.fused import BODY, intermediate_bytes
 from ..native import build
 from ..native import fused as native_fused
 from ..native.fusegen import Chain, Operand, Step, last_written
@@ -411,7 +411,11 @@ class Fused:
     group: _Group
     chain: Chain
     node: Node
-    intermediate_bytes: int
+
+    @property
+    def intermediate_bytes(self) -> int:
+        """Bytes of the chain's values that no longer have a place in the plan."""
+        return intermediate_bytes(self.node)
 
 
 def _in_place_order(graph: Graph, chain: Chain) -> Chain:
@@ -440,8 +444,7 @@ def _fused(graph: Graph, group: _Group, n: int) -> Fused:
     node = Node("AutoFused", inputs, outputs,
                 {BODY: _body(graph, group, inputs, outputs), "kernel": symbol, "chain": label, "guard": spec},
                 "omrt", f"fused{n}[{label}]")
-    made = [v for i in group.nodes for v in graph.nodes[i].outputs if v and v not in outputs]
-    return Fused(group, chain, node, sum(graph.infos[v].nbytes for v in made))
+    return Fused(group, chain, node)
 
 
 def _rewrite(graph: Graph, fused: list[Fused]) -> None:
