@@ -502,6 +502,20 @@ def test_ownership_rules_hold_for_any_sequence_and_nothing_leaks(mlp_om, steps):
     assert system.map_count() == before
 
 
+def test_memory_a_session_uses_in_two_roles_stays_held_until_both_end(mlp_om):
+    from conftest import W1
+
+    sess = omrt.load(mlp_om).session()
+    with Memory.allocate(1 << 16) as shared:
+        shared.view(np.float32, W1.shape)[:] = W1
+        sess.set_weight("W1", shared)
+        sess.bind("x", shared, offset=1 << 15)
+        sess.unbind("x")  # the weight still reads it
+        with pytest.raises(omrt.BindError, match=r"is in use \(weight 'W1' of a session"):
+            shared.close()
+        sess.set_weight("W1", None)
+
+
 def test_memory_rebound_away_from_can_be_closed(mlp_om):
     sess = omrt.load(mlp_om).session()
     first, second = Memory.allocate(2048), Memory.allocate(2048)

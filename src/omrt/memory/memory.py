@@ -232,19 +232,25 @@ class Memory:
         return view
 
     def hold(self, holder: Any, role: str) -> None:
-        """Record that `holder` (a session or model) uses this memory as `role`."""
+        """Record that `holder` (a session or model) uses this memory as `role`; one holder may
+        use it in several roles (an arena and a bound input), each released on its own."""
         self._live()
-        self._holders[holder] = role
+        self._holders.setdefault(holder, []).append(role)
 
-    def release(self, holder: Any) -> None:
-        self._holders.pop(holder, None)
+    def release(self, holder: Any, role: str) -> None:
+        """`holder` no longer uses this memory as `role` (its other roles stay)."""
+        roles = self._holders.get(holder)
+        if roles and role in roles:
+            roles.remove(role)
+            if not roles:
+                del self._holders[holder]
 
     def close(self) -> None:
         """Release it by origin: unmap (and unlock) what omrt mapped, drop the reference to what
         it imported. Refused while a session or model uses it, or numpy views of it are alive."""
         if self.closed:
             return
-        users = [role for role in self._holders.values()]
+        users = [role for roles in self._holders.values() for role in roles]
         if users:
             raise BindError(f"{self!r} is in use ({', '.join(users)}); unbind it (or close the session or "
                             f"model) first")

@@ -75,7 +75,11 @@ class Session:
 
     def _caller_arena(self, arena: Memory) -> np.ndarray:
         """The caller's memory as this session's arena: writable, aligned, held while in use."""
-        return arena.region(arena.nbytes, self, f"the arena of a session of {self.model!r}")
+        return arena.region(arena.nbytes, self, self._role("the arena"))
+
+    def _role(self, use: str) -> str:
+        """How this session names a use of caller memory (held and released by that name)."""
+        return f"{use} of a session of {self.model!r}"
 
     @property
     def _prep(self) -> Prepared | None:
@@ -186,8 +190,7 @@ class Session:
         self._release(name)
         self._bound[name] = arr
         if memory is not None:
-            memory.hold(self, f"{'output' if name in self._outputs else 'input'} {name!r} of a session of "
-                              f"{self.model!r}")
+            memory.hold(self, self._io_role(name))
             self._memories[name] = memory
 
     def _spec(self, name: str) -> IOSpec:
@@ -232,10 +235,10 @@ class Session:
             array = weight.view(original.dtype, original.shape, offset) if memory else as_array(weight, name)
             _check_weight(name, array, original)
         old = self._weights.pop(name, (None, None))[1]
-        if old is not None and all(m is not old for _, m in self._weights.values()):
-            old.release(self)
+        if old is not None:
+            old.release(self, self._role(f"weight {name!r}"))
         if memory is not None:
-            memory.hold(self, f"weight {name!r} of a session of {self.model!r}")
+            memory.hold(self, self._role(f"weight {name!r}"))
         if array is not None:
             self._weights[name] = (array, memory)
         if self._executor is not None:
@@ -271,8 +274,11 @@ class Session:
         if self._executor is not None:
             self._executor.forget(name)
         memory = self._memories.pop(name, None)
-        if memory is not None and memory not in self._memories.values():
-            memory.release(self)
+        if memory is not None:
+            memory.release(self, self._io_role(name))
+
+    def _io_role(self, name: str) -> str:
+        return self._role(f"{'output' if name in self._outputs else 'input'} {name!r}")
 
     def close(self) -> None:
         """Unbind everything, stop streaming weights and let go of the arena: memory it held can
@@ -287,7 +293,7 @@ class Session:
             self._stream.close()
             self._stream = None
         if self._arena_memory is not None:
-            self._arena_memory.release(self)
+            self._arena_memory.release(self, self._role("the arena"))
         self._arena = np.empty(0, np.uint8)
 
     def __enter__(self) -> "Session":
