@@ -4,6 +4,7 @@ boundary, and a runtime that needs neither onnx nor the code that defined the op
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import json
 import os
@@ -13,6 +14,7 @@ import sys
 import textwrap
 
 import numpy as np
+import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
@@ -449,6 +451,32 @@ def test_a_kernel_that_returns_or_rebinds_instead_of_writing_is_an_error(tmp_pat
         omrt.compile(unary_model("Bad"), str(tmp_path / "bad.om"), custom_ops=[_bad_op(kernel)])
         with pytest.raises(omrt.KernelError, match=message):
             omrt.load(str(tmp_path / "bad.om"), trust_kernels=True).session().run({"x": np.ones((2, 16), np.float32)})
+
+
+@needs_cc
+def test_the_python_side_of_the_header_is_the_headers_layout(tmp_path):
+    """omrt_tensor's fields and the OMRT_* dtype codes, as the C compiler lays them out, against
+    the ctypes structure and the table the calls are made with."""
+    from omrt.native import build
+    from omrt.native.custom import DTYPE_CODES, Tensor
+    from omrt.native.library import SOURCES
+
+    names = {1: "FLOAT", 2: "UINT8", 3: "INT8", 4: "UINT16", 5: "INT16", 6: "INT32", 7: "INT64", 9: "BOOL",
+             10: "FLOAT16", 11: "DOUBLE", 12: "UINT32", 13: "UINT64"}
+    fields = [name for name, _ in Tensor._fields_]
+    program = "\n".join(["#include <stdio.h>", "#include <stddef.h>", '#include "omrt_custom.h"', "int main(void) {",
+                         '  printf("%zu\\n", sizeof(omrt_tensor));',
+                         *[f'  printf("%zu\\n", offsetof(omrt_tensor, {f}));' for f in fields],
+                         *[f'  printf("%d\\n", OMRT_{n});' for n in names.values()], "  return 0;", "}"])
+    (tmp_path / "layout.c").write_text(program)
+    exe = tmp_path / "layout"
+    subprocess.run(build.compiler().split() + ["-I", SOURCES, "-o", str(exe), str(tmp_path / "layout.c")], check=True)
+    printed = [int(v) for v in subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout.split()]
+    assert printed[0] == ctypes.sizeof(Tensor)
+    assert printed[1:1 + len(fields)] == [getattr(Tensor, f).offset for f in fields]
+    assert printed[1 + len(fields):] == list(names)
+    assert sorted(DTYPE_CODES.values()) == list(names)
+    assert all(code == helper.np_dtype_to_tensor_dtype(dt) for dt, code in DTYPE_CODES.items())
 
 
 @needs_cc
