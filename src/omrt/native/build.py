@@ -16,7 +16,7 @@ import shutil
 import subprocess
 import tempfile
 import warnings
-from typing import Callable
+from typing import Any, Callable
 
 from ..errors import CompileError
 from ..format.kernelstore import FUSED, NATIVE, Packed
@@ -49,7 +49,7 @@ def compiler_version(cc: str) -> str:
         return cc
 
 
-_built: dict[str, Packed] = {}
+_built: dict[str, Any] = {}
 """Libraries built in this process, by compiler, flags and source text: compiling many models
 builds each set of units once."""
 
@@ -72,12 +72,13 @@ def build(units: list[str], say: Callable[[str], None], cc: str | None = None) -
         return None
     if named and not (cc.split() and shutil.which(cc.split()[0])):
         raise CompileError(f"cc={cc!r}: no such C compiler on the PATH; install it or name another")
-    return _once(repr((cc, FLAGS, units)), lambda: _compile(cc, units, say, named))
+    return once(repr((cc, FLAGS, units)), lambda: _compile(cc, units, say, named))
 
 
-def _once(what: str, make: Callable[[], Packed | None]) -> Packed | None:
-    """A copy of the record `make` builds, made once per process for the same `what` (compiler,
-    flags, sources) and the same C files in csrc/."""
+def once(what: str, make: Callable[[], Any]) -> Any:
+    """What `make` builds (a record, a library), made once per process for the same `what`
+    (compiler, flags, sources) and the same C files in csrc/; None is not kept. A record is
+    handed out as a copy (its load status is its own)."""
     key = hashlib.sha256(what.encode())
     for name in sorted(os.listdir(SOURCES)):
         with open(os.path.join(SOURCES, name), "rb") as f:
@@ -88,7 +89,7 @@ def _once(what: str, make: Callable[[], Packed | None]) -> Packed | None:
         if hit is None:
             return None
         _built[key.hexdigest()] = hit
-    return dataclasses.replace(hit)
+    return dataclasses.replace(hit) if isinstance(hit, Packed) else hit
 
 
 def _compile(cc: str, units: list[str], say: Callable[[str], None], named: bool) -> Packed | None:
@@ -110,18 +111,14 @@ def build_fused(chains: list[Chain], guards: dict[str, dict], say: Callable[[str
     if cc is None or not chains:
         return None
     text = library_source(chains)
-    return _once(repr((cc, FLAGS, EXTRA_FLAGS, text, guards)),
+    return once(repr((cc, FLAGS, EXTRA_FLAGS, text, guards)),
                  lambda: _compile_fused(cc, text, guards, say, named))
 
 
 def _compile_fused(cc: str, text: str, guards: dict[str, dict], say: Callable[[str], None],
                    named: bool) -> Packed | None:
     say(f"building {len(guards)} fused kernels with {cc}")
-    with tempfile.TemporaryDirectory(prefix="omrt-fused-") as tmp:
-        path = os.path.join(tmp, "fused.c")
-        with open(path, "w") as f:
-            f.write(text)
-        data = shared_library(cc, [path], "fused kernels", "its chains unfused", named, EXTRA_FLAGS)
+    data = shared_library(cc, [], "fused kernels", "its chains unfused", named, EXTRA_FLAGS, {"fused.c": text})
     if data is None:
         return None
     target = {**describe(cc, [UNIT], data, EXTRA_FLAGS),
@@ -130,16 +127,22 @@ def _compile_fused(cc: str, text: str, guards: dict[str, dict], say: Callable[[s
 
 
 def shared_library(cc: str, sources: list[str], what: str, instead: str, named: bool,
-                   extra: tuple[str, ...] = ()) -> bytes | None:
-    """The bytes of a shared library `cc` builds from `sources` (with csrc/ on the include path,
-    FLAGS and the `extra` flags). When it fails: CompileError with the compiler's message if `cc`
-    was `named`, else None with a warning that shows the command, the message and what the model
-    does `instead`."""
+                   extra: tuple[str, ...] = (), texts: dict[str, str] | None = None) -> bytes | None:
+    """The bytes of a shared library `cc` builds from `sources` and the generated files `texts`
+    (name -> C text), with csrc/ on the include path, FLAGS and the `extra` flags. It builds in a
+    folder of its own, the generated files and the library under fixed names, so that the same
+    sources give the same bytes (their names are in the library). When it fails: CompileError
+    with the compiler's message if `cc` was `named`, else None with a warning that shows the
+    command, the message and what the model does `instead`."""
     with tempfile.TemporaryDirectory(prefix="omrt-build-") as tmp:
+        for name, text in (texts or {}).items():
+            with open(os.path.join(tmp, name), "w") as f:
+                f.write(text)
+        cmd = cc.split() + FLAGS + list(extra) + ["-I", SOURCES, "-o", "kernels.so"] + sources + list(texts or {})
+        cmd += ["-lm"]
         target = os.path.join(tmp, "kernels.so")
-        cmd = cc.split() + FLAGS + list(extra) + ["-I", SOURCES, "-o", target] + sources + ["-lm"]
         try:
-            done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp)
         except (OSError, subprocess.SubprocessError) as e:
             done = None
             error = str(e)

@@ -10,11 +10,7 @@ looked up in its ELF symbol table before it is ever loaded.
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import os
 import platform
-import subprocess
-import tempfile
 from typing import Iterable, Sequence
 
 import numpy as np
@@ -22,7 +18,7 @@ import numpy as np
 from ..errors import CompileError, KernelError
 from ..format.kernelstore import NATIVE_OP, Packed
 from . import build, elf
-from .library import CUSTOM_HEADER, SOURCES
+from .library import SOURCES
 from .elf import exported_functions
 from .target import host, host_mismatch
 
@@ -119,37 +115,18 @@ def _workspace(workspace: np.ndarray | None, where: str) -> tuple[int | None, in
 
 def compile_source(source: str, where: str) -> tuple[bytes, str]:
     """(the shared library, the compiler's version) built from a custom operator's C source with
-    the host's compiler and omrt's flags; a CompileError carrying the compiler's message when it
-    does not build. The same source builds once per process, and always to the same bytes (it is
-    built under a fixed name, in a folder of its own)."""
+    the host's compiler and omrt's flags (`build.shared_library`); a CompileError carrying the
+    compiler's message when it does not build. The same source builds once per process, and
+    always to the same bytes."""
     cc = build.compiler()
     if cc is None:
         raise CompileError(f"{where} is C source and no C compiler is found: set CC or install cc, or pack a "
                            f"library built elsewhere (shared_library=)")
-    with open(os.path.join(INCLUDE, CUSTOM_HEADER), "rb") as f:
-        key = hashlib.sha256(repr((cc, build.FLAGS)).encode() + f.read() + source.encode()).hexdigest()
-    hit = _built.get(key)
-    if hit is None:
-        hit = _built[key] = _compile(cc, source, where)
-    return hit
 
-
-_built: dict[str, tuple[bytes, str]] = {}
-
-
-def _compile(cc: str, source: str, where: str) -> tuple[bytes, str]:
-    with tempfile.TemporaryDirectory(prefix="omrt-custom-") as tmp:
-        with open(os.path.join(tmp, "op.c"), "w") as f:
-            f.write(source)
-        cmd = cc.split() + build.FLAGS + ["-I", INCLUDE, "-o", "op.so", "op.c", "-lm"]
-        try:
-            done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp)
-        except (OSError, subprocess.SubprocessError) as e:
-            raise CompileError(f"{where}: the C compiler {cc!r} could not run: {e}") from None
-        if done.returncode != 0:
-            raise CompileError(f"{where}: its C source does not compile ({cc}):\n{done.stderr.strip()}")
-        with open(os.path.join(tmp, "op.so"), "rb") as f:
-            return f.read(), build.compiler_version(cc)
+    def make() -> tuple[bytes, str]:
+        data = build.shared_library(cc, [], f"the C source of {where}", "", True, texts={"op.c": source})
+        return data, build.compiler_version(cc)
+    return build.once(repr((cc, build.FLAGS, source)), make)
 
 
 def library_target(data: bytes, symbols: Iterable[str], compiler: str, where: str) -> dict:
