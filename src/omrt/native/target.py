@@ -13,6 +13,7 @@ import functools
 import os
 import platform
 import sys
+from typing import Callable
 
 from ..format.kernelstore import Packed
 from ..version import __version__
@@ -127,20 +128,23 @@ def mismatch(record: Packed) -> str | None:
     """Why this host and omrt cannot run a built-in native library record, or None when they can:
     the machine first (a library for another architecture is skipped for that reason alone), then
     the OS, the kernel ABI, the C library and the CPU features."""
+    return host_mismatch(record, _abi)
+
+
+def host_mismatch(record: Packed, abi: Callable[[dict], str | None] = lambda target: None) -> str | None:
+    """Why this host cannot load a record's shared library at all (machine, OS, C library, CPU
+    features, loading from memory), with `abi` checked after the OS, or None when it can: the
+    check of every kind of packed library (custom operators' ones check their own ABI)."""
     target = record.target
-    why = _machine(record) or _os(target)
-    if why is None and target.get("abi") != kernel_abi():
-        built = f" by omrt {target['omrt']}" if target.get("omrt") else ""
-        why = (f"built{built} for kernel ABI {target.get('abi')}, this omrt ({__version__}) has {kernel_abi()}: "
-               f"recompile the model with this omrt")
-    return why or _libc(target) or _cpu(target) or _memfd()
+    return _machine(record) or _os(target) or abi(target) or _libc(target) or _cpu(target) or _memfd()
 
 
-def host_mismatch(record: Packed) -> str | None:
-    """Why this host cannot load a record's shared library at all, whatever its ABI (machine, OS,
-    C library, CPU features, loading from memory), or None when it can: the check of every kind
-    of packed library (custom operators' ones check their own ABI)."""
-    return _machine(record) or _os(record.target) or _libc(record.target) or _cpu(record.target) or _memfd()
+def _abi(target: dict) -> str | None:
+    if target.get("abi") == kernel_abi():
+        return None
+    built = f" by omrt {target['omrt']}" if target.get("omrt") else ""
+    return (f"built{built} for kernel ABI {target.get('abi')}, this omrt ({__version__}) has {kernel_abi()}: "
+            f"recompile the model with this omrt")
 
 
 def _os(target: dict) -> str | None:
