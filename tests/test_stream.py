@@ -296,6 +296,18 @@ def test_weight_slots_cycle_experts_in_place(mlp_om, tmp_path):
     slots.close()
 
 
+def test_a_slot_filled_from_a_file_too_short_names_where_it_ended():
+    fd = os.memfd_create("expert")
+    try:
+        os.write(fd, bytes(100))
+        slots = omrt.WeightSlots(4096, count=1)
+        with pytest.raises(omrt.BindError, match=rf"slot 0: fd {fd} ended 100 bytes into the 4096 from offset 0"):
+            slots.fill(0, (fd, 0, 4096))
+        slots.close()
+    finally:
+        os.close(fd)
+
+
 def test_the_command_line_takes_a_weight_budget_and_shows_the_schedule(mlp_om, capsys):
     from omrt import cli
 

@@ -41,9 +41,12 @@ class WeightSlots:
         if isinstance(source, tuple):
             fd, offset, nbytes = source
             self._check_size(slot, nbytes)
-            into = self.memory.view(np.uint8, (nbytes,), start)
-            if os.preadv(fd, [into], offset) != nbytes:
-                raise BindError(f"slot {slot}: fd {fd} ended before {nbytes} bytes from offset {offset}")
+            into, done = self.memory.view(np.uint8, (nbytes,), start), 0
+            while done < nbytes:  # one read returns at most about 2 GiB on Linux
+                got = os.preadv(fd, [into[done:]], offset + done)
+                if got == 0:
+                    raise BindError(f"slot {slot}: fd {fd} ended {done} bytes into the {nbytes} from offset {offset}")
+                done += got
             return
         data = np.ascontiguousarray(source).reshape(-1).view(np.uint8)
         self._check_size(slot, data.nbytes)
