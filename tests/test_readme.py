@@ -63,7 +63,7 @@ def test_cli_compile_run_inspect(tmp_path):
     assert res.returncode == 0, res.stderr
     assert "output 'softmaxout_1': float32 [1, 1000, 1, 1]" in res.stdout
     profile = res.stdout.split("time per op type", 1)[1]
-    assert {"Conv", "WinogradConv", "MaxPool"} <= set(re.findall(r"\n  (\w+) +[0-9.]+ ms", profile))
+    assert {"PackedConv", "WinogradConv", "MaxPool"} <= set(re.findall(r"\n  (\w+) +[0-9.]+ ms", profile))
     assert (tmp_path / "out" / "softmaxout_1.npy").exists()
     res = _omrt("inspect", "sq.om", "--plan", "--plot", "plan.svg", "--verify", cwd=tmp_path)
     assert res.returncode == 0, res.stderr

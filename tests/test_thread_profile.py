@@ -20,8 +20,8 @@ RNG = np.random.default_rng(0)
 
 
 def conv_then_transpose():
-    """A 5x5 Conv big enough to split over two threads (no Winograd rewrite for 5x5), then a
-    Transpose, which runs in numpy on the calling thread."""
+    """A 5x5 Conv big enough to split over two threads (its filters packed for omrt's GEMM:
+    profiles name it PackedConv), then a Transpose, which runs in numpy on the calling thread."""
     w = numpy_helper.from_array(RNG.standard_normal((32, 16, 5, 5)).astype(np.float32) * 0.1, "w")
     nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[2, 2, 2, 2]),
              helper.make_node("Transpose", ["c"], ["y"], perm=[0, 2, 3, 1])]
@@ -56,7 +56,7 @@ def _profile(path: str, trust: bool) -> omrt.ThreadProfile:
     sess = model.session()
     for _ in range(TRIES):
         prof = sess.profile_threads(_feeds(), repeat=3)
-        if prof.ops["Conv"].busy[1] > 0:
+        if prof.ops["PackedConv"].busy[1] > 0:
             break
     return prof
 
@@ -65,7 +65,7 @@ def _profile(path: str, trust: bool) -> omrt.ThreadProfile:
 def test_a_split_conv_keeps_both_threads_busy_and_a_numpy_op_idles_the_second(conv_om, trust):
     prof = _profile(conv_om, trust)
     assert prof.threads == 2 and list(prof.ops) == sorted(prof.ops, key=lambda k: -prof.ops[k].seconds)
-    conv, transpose = prof.ops["Conv"], prof.ops["Transpose"]
+    conv, transpose = prof.ops["PackedConv"], prof.ops["Transpose"]
     assert conv.seconds > 0 and len(conv.busy) == 2
     assert conv.busy[0] > 0 and conv.busy[1] > 0 and 0 <= conv.idle < 1
     assert transpose.busy == (0.0, 0.0) and transpose.idle == 1.0
@@ -95,10 +95,10 @@ def test_one_thread_reads_no_counters_and_profile_keeps_its_result(conv_om):
     omrt.set_num_threads(1)
     sess = omrt.load(conv_om, trust_kernels=True).session()
     prof = sess.profile_threads(_feeds(), repeat=2)
-    assert prof.threads == 1 and set(prof.ops) == {"Conv", "Transpose"}
+    assert prof.threads == 1 and set(prof.ops) == {"PackedConv", "Transpose"}
     assert all(op.busy == () and op.idle is None for op in prof.ops.values())
     per_op = sess.profile(_feeds(), repeat=2)
-    assert set(per_op) == {"Conv", "Transpose"} and all(isinstance(v, float) and v > 0 for v in per_op.values())
+    assert set(per_op) == {"PackedConv", "Transpose"} and all(isinstance(v, float) and v > 0 for v in per_op.values())
 
 
 def test_idle_is_the_other_threads_unused_share():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..ir import Graph, Node
-from ..kernels import kernel_of, lookup, winograd
+from ..kernels import kernel_of, lookup, packed, winograd
 from ..kernels.base import FUSED_ACTIVATIONS, UnsupportedOpError
 from ..kernels.linalg import PERMS
 
@@ -517,5 +517,25 @@ def use_winograd(graph: Graph) -> Graph:
         bias = node.inputs[2] if len(node.inputs) > 2 else ""
         node.op_type, node.domain = "WinogradConv", "omrt"
         node.inputs = [node.inputs[0], node.inputs[1], bias, transformed]
+        graph.opsets.setdefault("omrt", 1)
+    return graph
+
+
+def use_packed_filters(graph: Graph) -> Graph:
+    """Rewrite the dense 2-d Convs left after use_winograd as omrt::PackedConv, adding their
+    filters packed for omrt's own GEMM as weights (they keep their own: see
+    omrt.kernels.packed). Only worth it when the native library is packed."""
+    for node in graph.nodes:
+        if node.op_type != "Conv" or node.domain or len(node.inputs) < 2:
+            continue
+        w = graph.constants.get(node.inputs[1])
+        if w is None or not packed.eligible(node.attrs, graph.infos[node.inputs[0]], w):
+            continue
+        panels = f"{node.inputs[1]}__panels"
+        if panels not in graph.constants:
+            graph.add_constant(panels, packed.pack_panels(w))
+        bias = node.inputs[2] if len(node.inputs) > 2 else ""
+        node.op_type, node.domain = "PackedConv", "omrt"
+        node.inputs = [node.inputs[0], node.inputs[1], bias, panels]
         graph.opsets.setdefault("omrt", 1)
     return graph

@@ -78,6 +78,9 @@ class Kernel:
     """Activations (from FUSED_ACTIVATIONS) this kernel applies to its output when fused into it."""
     native_units: ClassVar[tuple[str, ...]] = ()
     """C units (`native/csrc/<unit>.c`) this kernel can hand work to; `omrt compile` packs them."""
+    derived: ClassVar[tuple[tuple[int, int], ...]] = ()
+    """(input, source) pairs: input `input` was computed at compile time from input `source`
+    (transformed or packed filters); see drop_derived."""
 
     def __init__(self, ctx: OpContext, inputs: Sequence[TensorInfo | None],
                  outputs: Sequence[TensorInfo]) -> None:
@@ -105,6 +108,10 @@ class Kernel:
         """Make do with the `nbytes` of workspace a plan made earlier gives (a file compiled by
         an older omrt), dropping what only speeds the kernel up; False when it cannot run in them."""
         return self.workspace() <= nbytes
+
+    def drop_derived(self) -> None:
+        """Stop reading the `derived` inputs and compute from their sources alone: a source was
+        swapped (`Session.set_weight`), so what the compiler derived from it is stale."""
 
     def run(self, inputs: Sequence[np.ndarray | None], outputs: Sequence[np.ndarray],
             workspace: np.ndarray | None) -> list[np.ndarray] | None:

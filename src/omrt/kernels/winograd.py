@@ -67,6 +67,7 @@ class WinogradConv(Conv):
     """Conv(X, W, B) with U = filter_transform(W) as input 3, run by Winograd F(2x2, 3x3)."""
 
     native_units = ("winograd",)
+    derived = ((3, 1),)
 
     def __init__(self, ctx: OpContext, inputs: Sequence[TensorInfo | None],
                  outputs: Sequence[TensorInfo]) -> None:
@@ -89,6 +90,9 @@ class WinogradConv(Conv):
             self.native_winograd = {t: fn.partial(v // 4, slot // 4, per_chunk, shared, FILTERS_PER_PASS, t,
                                                   *geometry)
                                     for t, (v, slot, per_chunk, shared) in plans.items()}
+
+    def drop_derived(self) -> None:
+        self.native_winograd = None
 
     def fit_workspace(self, nbytes: int) -> bool:
         """A plan too small for the Winograd scratch (an older omrt's) runs the layer as a Conv."""

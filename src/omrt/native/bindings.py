@@ -70,6 +70,26 @@ CONV2D = Function(
               "pointwise or not buffer or buffer >= rows * step * OW", _TAPS, _ACT_KNOWN),
     blas=True)
 
+PCONV2D = Function(
+    "conv", "omrt_pconv2d_f32",
+    (Array("x", "N * C * H * W"), Array("panels", "-(-M // GEMM_PANEL) * GEMM_PANEL * rows"),
+     Array("bias", "M", optional=True), Array("y", "N * M * OH * OW", write=True),
+     Array("work", "0 if pointwise else min(threads, chunks) * buffer if buffer else rows * step * OW",
+           write=True, scratch=True),
+     Array("strips", "threads * rows * block", write=True, scratch=True),
+     Int("step"), Int("buffer"), Int("block", 1), Int("threads", 1), Int("N"), Int("C", 1), Int("H"), Int("W"), Int("M"),
+     Int("OH"), Int("OW"), *_window(), *_ACT),
+    derived=(("pointwise", "KH == KW == SH == SW == 1 and PT == PL == 0 and (OH, OW) == (H, W)"),
+             ("rows", "C * KH * KW"), ("chunks", "N * -(-OH // max(step, 1))")),
+    requires=("pointwise or step >= 1", "pointwise or not buffer or buffer >= rows * step * OW",
+              "block % GEMM_MAX_NR == 0", _TAPS, _ACT_KNOWN))
+"""Conv of one group, its filters packed at compile time (omrt.kernels.packed), through omrt's own GEMM."""
+
+GEMM_TILE = Function("conv", "omrt_gemm_tile", (Array("level", "1", write=True, dtype="int64"),))
+"""The widest tile of omrt's GEMM on this CPU: 2 AVX-512, 1 AVX2 and FMA, 0 plain C."""
+
+GEMM_TILES = {0: "plain C 12x16", 1: "AVX2 6x16", 2: "AVX-512 12x32"}
+
 POOL2D = Function(
     "pool", "omrt_pool2d_f32",
     (Array("x", "planes * H * W"), Array("y", "planes * OH * OW", write=True),
@@ -136,5 +156,5 @@ LSTM = Function(
     derived=(("Gp", "-(-4 * hidden // LSTM_PANEL) * LSTM_PANEL"),),
     requires=("dirs <= 2", "layout <= 1", "reverse <= 1"))
 
-FUNCTIONS = (USE_BLAS, POOL_BUSY, DWCONV2D, IM2COL2D, CONV2D, POOL2D, WINOGRAD, MATMUL, GELU, BINARY, LSTM)
+FUNCTIONS = (USE_BLAS, POOL_BUSY, DWCONV2D, IM2COL2D, CONV2D, PCONV2D, GEMM_TILE, POOL2D, WINOGRAD, MATMUL, GELU, BINARY, LSTM)
 """Every exported C function, the library's entry point first."""

@@ -121,11 +121,14 @@ CONSTANTS = {
     "GELU_NODES": 13 * 1024 + 1,
     "POOL_THREADS": 64,
     "LSTM_PANEL": 64,
+    "GEMM_PANEL": 12,
+    "GEMM_MAX_NR": 32,
 }
 """Names the contracts may use: the widest window the loops take (they keep two int64 per tap on
 the stack), the nodes of Gelu's table (1/1024 apart over [-7, 6], csrc/elementwise.c), the
-threads of the worker pool, the caller's included (csrc/workers.c), and the rows of R in each
-panel of the LSTM loop (csrc/recurrent.c)."""
+threads of the worker pool, the caller's included (csrc/workers.c), the rows of R in each
+panel of the LSTM loop (csrc/recurrent.c), and the rows of a packed weight panel and the widest
+column strip of omrt's GEMM (csrc/omrt_gemm.h)."""
 
 
 def _tuple(items: Sequence[str]) -> str:

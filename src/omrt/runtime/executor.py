@@ -179,13 +179,16 @@ class Executor:
 
     def swap_weight(self, key: str, array: np.ndarray) -> None:
         """Point every reader of weight `key` at `array` from the next run on; readers prepared
-        with its value are prepared again without it (they must not use the old one)."""
+        with its value are prepared again without it (they must not use the old one), and stop
+        reading what the compiler derived from it."""
         prep = self.prep
         for step in self.instructions:
             if not isinstance(step, Call) or key in step.opaque or not self._reads(step.task, key):
                 continue
             opaque = step.opaque | {key}
             kernel = kernel_for(prep.graph, prep.program, step.task, prep.native, opaque)
+            if any(self._weight_key(step.task.inputs[source]) == key for _, source in kernel.derived):
+                kernel.drop_derived()
             if not kernel.fit_workspace(step.task.workspace_size):
                 raise BindError(f"weight {key!r} cannot be swapped: node {step.node.label!r} needs "
                                 f"{kernel.workspace()} bytes of workspace without its value, the plan "
@@ -194,9 +197,12 @@ class Executor:
         self.point(key, array)
 
     def _reads(self, task: Task, key: str) -> bool:
-        places = self.prep.program.places
-        return any(v and v in places and places[v].region == WEIGHT and places[v].key == key
-                   for v in task.inputs)
+        return any(self._weight_key(v) == key for v in task.inputs)
+
+    def _weight_key(self, value: str) -> str | None:
+        """The weight a task input reads (None: it is no weight)."""
+        place = self.prep.program.places.get(value) if value else None
+        return place.key if place is not None and place.region == WEIGHT else None
 
     def forget(self, name: str) -> None:
         """Let go of the buffer `name` points at: its slots hold nothing until the next run

@@ -1,6 +1,6 @@
 /* Convolution loops: depthwise 2-D convolution (every output channel reads one input channel),
  * and the im2col gather of the dense layers that BLAS then multiplies. */
-#include "omrt_native.h"
+#include "omrt_gemm.h"
 
 /* One output plane of a stride-1 layer, on the padded plane (see omrt_pad_plane). */
 static inline void plane_stride1(const float *xp, const float *wp, float b, float *yp, float *scratch, int64_t H,
@@ -121,14 +121,15 @@ OMRT_EXPORT OMRT_HOT void omrt_im2col_f32(const float *x, float *cols, int64_t p
 }
 
 /* A dense or grouped 2-d convolution: im2col (none for 1x1 stride-1 unpadded layers) and one
- * GEMM per group through BLAS, bias and activation applied to each block of the output as soon
- * as it is written. */
+ * GEMM per group, through BLAS with bias and activation applied to each block of the output as
+ * soon as it is written, or (with `panels`, one group) through omrt_panel_gemm with them in its
+ * epilogue. */
 typedef struct {
-    const float *x, *w, *bias;
-    float *y, *work;
-    int64_t C, H, W, M, G, OH, OW, KH, KW, SH, SW, DH, DW, PT, PL, act;
+    const float *x, *w, *bias, *panels;
+    float *y, *work, *strips;
+    int64_t N, C, H, W, M, G, OH, OW, KH, KW, SH, SW, DH, DW, PT, PL, act;
     float alpha, beta;
-    int64_t K, Fg, P, step, pitch, buffer, fparts, pparts, gparts;
+    int64_t K, Fg, P, step, pitch, buffer, block, fparts, pparts, gparts;
     /* what the shared phases work on: output rows [r0, r1) of `image`, their columns b (pitch ldb) */
     int64_t image, r0, r1, ldb;
     const float *b;
@@ -140,26 +141,37 @@ static void gather(const conv_job *j, int64_t image, float *cols, int64_t r0, in
 }
 
 /* Filters [f0, f1) of group g times columns [p0, p1) of b (pitch ldb; K rows per group), into the
- * image's output from position `at` on. */
+ * image's output from position `at` on; `thread` picks the packed product's strip. */
 static void multiply(const conv_job *j, int64_t image, int64_t g, int64_t f0, int64_t f1, const float *b,
-                     int64_t ldb, int64_t p0, int64_t p1, int64_t at) {
+                     int64_t ldb, int64_t p0, int64_t p1, int64_t at, int64_t thread) {
     int64_t m = g * j->Fg + f0;
     float *c = j->y + (image * j->M + m) * j->P + at + p0;
+    if (j->panels) {
+        omrt_epilogue e = {j->bias, j->act, j->alpha, j->beta};
+        omrt_panel_gemm(j->panels, j->K, m, m + f1 - f0, b + p0, ldb, p1 - p0, c, j->P, &e,
+                        j->strips + thread * j->K * j->block, j->block);
+        return;
+    }
     omrt_sgemm(f1 - f0, p1 - p0, j->K, j->w + m * j->K, j->K, b + g * j->K * ldb + p0, ldb, c, j->P);
     omrt_bias_act(c, f1 - f0, p1 - p0, j->P, j->bias ? j->bias + m : NULL, j->act, j->alpha, j->beta);
+}
+
+/* Start of filter block `fp`: on a panel boundary for packed filters. */
+static int64_t filter_cut(const conv_job *j, int64_t fp) {
+    int64_t f = omrt_part(j->Fg, j->fparts, fp);
+    if (!j->panels || fp == j->fparts) return f;
+    return (f + OMRT_PANEL / 2) / OMRT_PANEL * OMRT_PANEL;
 }
 
 /* Part `item` (group, filter block, position block) of the shared product; position blocks
  * start on 16-float boundaries. */
 static void product_part(void *p, int64_t item, int64_t thread) {
     const conv_job *j = p;
-    (void)thread;
     int64_t pp = item % j->pparts, fp = item / j->pparts % j->fparts, g = item / j->pparts / j->fparts;
     int64_t width = (j->r1 - j->r0) * j->OW;
     int64_t p0 = omrt_part(width, j->pparts, pp) & ~(int64_t)15;
     int64_t p1 = pp + 1 == j->pparts ? width : omrt_part(width, j->pparts, pp + 1) & ~(int64_t)15;
-    multiply(j, j->image, g, omrt_part(j->Fg, j->fparts, fp), omrt_part(j->Fg, j->fparts, fp + 1), j->b, j->ldb,
-             p0, p1, j->r0 * j->OW);
+    multiply(j, j->image, g, filter_cut(j, fp), filter_cut(j, fp + 1), j->b, j->ldb, p0, p1, j->r0 * j->OW, thread);
 }
 
 /* Rows part `item` of the shared column buffer of rows [r0, r1). */
@@ -179,7 +191,7 @@ static void chunk_part(void *p, int64_t item, int64_t thread) {
     float *cols = j->work + thread * j->buffer;
     gather(j, image, cols, r0, r1);
     for (int64_t g = 0; g < j->G; g++)
-        multiply(j, image, g, 0, j->Fg, cols, j->pitch, 0, (r1 - r0) * j->OW, r0 * j->OW);
+        multiply(j, image, g, 0, j->Fg, cols, j->pitch, 0, (r1 - r0) * j->OW, r0 * j->OW, thread);
 }
 
 /* How the shared product of `width` positions is cut (see omrt_parts_per), along filters when
@@ -191,6 +203,38 @@ static void cut_product(conv_job *j, int64_t width, int64_t threads) {
     j->pparts = j->Fg >= width ? 1 : (per_group < blocks ? per_group : blocks);
 }
 
+/* The layer of job j (its pointers, geometry, step and buffer set) on `threads` threads. */
+static void run_conv(conv_job *j, int64_t threads) {
+    const int64_t OH = j->OH, OW = j->OW, step = j->step;
+    int pointwise = j->KH == 1 && j->KW == 1 && j->SH == 1 && j->SW == 1 && j->PT == 0 && j->PL == 0 && OH == j->H &&
+                    OW == j->W;
+    if (!pointwise && j->buffer > 0) {
+        omrt_parallel(chunk_part, j, j->N * ((OH + step - 1) / step), threads);
+        return;
+    }
+    const int64_t rows = pointwise ? OH : step;
+    for (j->image = 0; j->image < j->N; j->image++)
+        for (j->r0 = 0; j->r0 < OH; j->r0 += rows) {
+            j->r1 = j->r0 + rows < OH ? j->r0 + rows : OH;
+            if (pointwise) {
+                j->b = j->x + j->image * j->C * j->H * j->W;
+                j->ldb = j->P;
+            } else {
+                j->gparts = threads < j->r1 - j->r0 ? threads : j->r1 - j->r0;
+                omrt_parallel(gather_part, j, j->gparts, threads);
+                j->b = j->work;
+                j->ldb = j->pitch;
+            }
+            cut_product(j, (j->r1 - j->r0) * OW, threads);
+            omrt_parallel(product_part, j, j->G * j->fparts * j->pparts, threads);
+        }
+}
+
+#define CONV_JOB(...)                                                                                             \
+    {.x = x, .bias = bias, .y = y, .work = work, .N = N, .C = C, .H = H, .W = W, .M = M, .OH = OH, .OW = OW,     \
+     .KH = KH, .KW = KW, .SH = SH, .SW = SW, .DH = DH, .DW = DW, .PT = PT, .PL = PL, .act = act, .alpha = alpha, \
+     .beta = beta, .P = OH * OW, .step = step, .pitch = step * OW, .buffer = buffer, __VA_ARGS__}
+
 /* y (N, M, OH, OW) = conv of x (N, C, H, W) with w (M, C/G, KH, KW) in G groups, plus bias (when
  * not NULL) and the activation `act`. Columns are gathered `step` output rows at a time into
  * `work`: with buffer > 0 every thread has a buffer of its own (`buffer` floats apart) and takes
@@ -200,29 +244,21 @@ OMRT_EXPORT void omrt_conv2d_f32(const float *x, const float *w, const float *bi
                                  int64_t W, int64_t M, int64_t G, int64_t OH, int64_t OW, int64_t KH, int64_t KW,
                                  int64_t SH, int64_t SW, int64_t DH, int64_t DW, int64_t PT, int64_t PL, int64_t act,
                                  float alpha, float beta) {
-    conv_job j = {.x = x, .w = w, .bias = bias, .y = y, .work = work, .C = C, .H = H, .W = W, .M = M, .G = G,
-                  .OH = OH, .OW = OW, .KH = KH, .KW = KW, .SH = SH, .SW = SW, .DH = DH, .DW = DW, .PT = PT,
-                  .PL = PL, .act = act, .alpha = alpha, .beta = beta, .K = C / G * KH * KW, .Fg = M / G,
-                  .P = OH * OW, .step = step, .pitch = step * OW, .buffer = buffer};
-    int pointwise = KH == 1 && KW == 1 && SH == 1 && SW == 1 && PT == 0 && PL == 0 && OH == H && OW == W;
-    if (!pointwise && buffer > 0) {
-        omrt_parallel(chunk_part, &j, N * ((OH + step - 1) / step), threads);
-        return;
-    }
-    if (pointwise) step = OH;
-    for (j.image = 0; j.image < N; j.image++)
-        for (j.r0 = 0; j.r0 < OH; j.r0 += step) {
-            j.r1 = j.r0 + step < OH ? j.r0 + step : OH;
-            if (pointwise) {
-                j.b = x + j.image * C * H * W;
-                j.ldb = j.P;
-            } else {
-                j.gparts = threads < j.r1 - j.r0 ? threads : j.r1 - j.r0;
-                omrt_parallel(gather_part, &j, j.gparts, threads);
-                j.b = work;
-                j.ldb = j.pitch;
-            }
-            cut_product(&j, (j.r1 - j.r0) * OW, threads);
-            omrt_parallel(product_part, &j, G * j.fparts * j.pparts, threads);
-        }
+    conv_job j = CONV_JOB(.w = w, .G = G, .K = C / G * KH * KW, .Fg = M / G);
+    run_conv(&j, threads);
 }
+
+/* omrt_conv2d_f32 of one group, its filters packed in panels (see omrt_gemm.h) and multiplied by
+ * omrt's own GEMM, which copies `block` columns at a time into `strips` (K * block floats per
+ * thread). */
+OMRT_EXPORT void omrt_pconv2d_f32(const float *x, const float *panels, const float *bias, float *y, float *work,
+                                  float *strips, int64_t step, int64_t buffer, int64_t block, int64_t threads, int64_t N, int64_t C,
+                                  int64_t H, int64_t W, int64_t M, int64_t OH, int64_t OW, int64_t KH, int64_t KW,
+                                  int64_t SH, int64_t SW, int64_t DH, int64_t DW, int64_t PT, int64_t PL, int64_t act,
+                                  float alpha, float beta) {
+    conv_job j = CONV_JOB(.panels = panels, .strips = strips, .block = block, .G = 1, .K = C * KH * KW, .Fg = M);
+    run_conv(&j, threads);
+}
+
+/* level[0] = the widest tile omrt_pconv2d_f32 runs on this CPU: 2 AVX-512, 1 AVX2, 0 plain C. */
+OMRT_EXPORT void omrt_gemm_tile(int64_t *level) { level[0] = omrt_gemm_level(); }

@@ -1,0 +1,228 @@
+/* omrt's own GEMM for products whose left operand is weights packed at compile time.
+ *
+ * The weights (M x K, row-major) are stored in panels of OMRT_PANEL rows: panel i holds rows
+ * [12 i, 12 i + 12) as K groups of 12 floats (row r of the panel at k is panel[12 k + r]), zero
+ * rows past M (omrt.kernels.packed.pack_panels writes them). The right operand is copied per
+ * call, NR columns at a time, into a K x NR strip of scratch, and a register-blocked tile
+ * multiplies a panel by the strip with the bias and activation applied before its one store.
+ *
+ * The tile is chosen once per process by the CPU's features: 12 x 32 with AVX-512 (24 zmm
+ * accumulators), 6 x 16 with AVX2 and FMA (12 ymm; it reads a 12-row panel as two 6-row halves),
+ * and plain C loops elsewhere. Every load and store of a partial strip or panel is masked or
+ * bounded: nothing outside the arrays given is touched.
+ */
+#ifndef OMRT_GEMM_H
+#define OMRT_GEMM_H
+
+#include <stdlib.h>
+
+#include "omrt_native.h"
+
+#define OMRT_PANEL 12
+#define OMRT_MAX_NR 32
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define OMRT_X86 1
+#endif
+
+typedef struct {
+    const float *bias; /* per row of the output (NULL: none) */
+    int64_t act;
+    float alpha, beta;
+} omrt_epilogue;
+
+static inline float omrt_act1(float v, const omrt_epilogue *e) {
+    switch (e->act) {
+    case OMRT_ACT_RELU: return v > 0.0f ? v : 0.0f;
+    case OMRT_ACT_LEAKY: return v < 0.0f ? v * e->alpha : v;
+    case OMRT_ACT_CLIP: return v < e->alpha ? e->alpha : (v > e->beta ? e->beta : v);
+    default: return v;
+    }
+}
+
+/* c rows [0, rows), columns [0, cols) (pitch ldc) = a (12-row panel from `a`, k stride `aks`)
+ * times strip b (K x nr, nr floats apart), then the epilogue; the plain C tile. */
+static void omrt_tile_c(int64_t K, const float *a, int64_t aks, const float *b, int64_t nr, float *c,
+                        int64_t ldc, int64_t rows, int64_t cols, const omrt_epilogue *e) {
+    for (int64_t r = 0; r < rows; r++) {
+        float acc[OMRT_MAX_NR] = {0};
+        for (int64_t k = 0; k < K; k++) {
+            float av = a[k * aks + r];
+            for (int64_t j = 0; j < nr; j++) acc[j] += av * b[k * nr + j];
+        }
+        float add = e->bias ? e->bias[r] : 0.0f;
+        for (int64_t j = 0; j < cols; j++) c[r * ldc + j] = omrt_act1(acc[j] + add, e);
+    }
+}
+
+#ifdef OMRT_X86
+#define OMRT_AVX512 __attribute__((target("avx512f,fma")))
+#define OMRT_AVX2 __attribute__((target("avx2,fma")))
+
+OMRT_AVX512 static inline __m512 omrt_act16(__m512 v, const omrt_epilogue *e) {
+    switch (e->act) {
+    case OMRT_ACT_RELU: return _mm512_max_ps(v, _mm512_setzero_ps());
+    case OMRT_ACT_LEAKY: {
+        __mmask16 neg = _mm512_cmp_ps_mask(v, _mm512_setzero_ps(), _CMP_LT_OQ);
+        return _mm512_mask_mul_ps(v, neg, v, _mm512_set1_ps(e->alpha));
+    }
+    case OMRT_ACT_CLIP: return _mm512_min_ps(_mm512_max_ps(v, _mm512_set1_ps(e->alpha)), _mm512_set1_ps(e->beta));
+    default: return v;
+    }
+}
+
+/* The AVX-512 tile: 12 rows x 32 columns, accumulators in 24 registers. */
+OMRT_AVX512 static void omrt_tile_avx512(int64_t K, const float *a, int64_t aks, const float *b, int64_t nr,
+                                         float *c, int64_t ldc, int64_t rows, int64_t cols,
+                                         const omrt_epilogue *e) {
+    (void)nr;
+    __m512 acc[OMRT_PANEL][2];
+#pragma GCC unroll 12
+    for (int r = 0; r < OMRT_PANEL; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < K; k++) {
+        __m512 b0 = _mm512_loadu_ps(b + 32 * k), b1 = _mm512_loadu_ps(b + 32 * k + 16);
+        const float *ak = a + k * aks;
+#pragma GCC unroll 12
+        for (int r = 0; r < OMRT_PANEL; r++) {
+            __m512 av = _mm512_set1_ps(ak[r]);
+            acc[r][0] = _mm512_fmadd_ps(av, b0, acc[r][0]);
+            acc[r][1] = _mm512_fmadd_ps(av, b1, acc[r][1]);
+        }
+    }
+    __mmask16 m0 = cols >= 16 ? 0xFFFF : (__mmask16)((1u << cols) - 1);
+    __mmask16 m1 = cols >= 32 ? 0xFFFF : cols <= 16 ? 0 : (__mmask16)((1u << (cols - 16)) - 1);
+#pragma GCC unroll 12
+    for (int r = 0; r < OMRT_PANEL; r++) {
+        if (r < rows) {
+            __m512 add = _mm512_set1_ps(e->bias ? e->bias[r] : 0.0f);
+            _mm512_mask_storeu_ps(c + r * ldc, m0, omrt_act16(_mm512_add_ps(acc[r][0], add), e));
+            _mm512_mask_storeu_ps(c + r * ldc + 16, m1, omrt_act16(_mm512_add_ps(acc[r][1], add), e));
+        }
+    }
+}
+
+OMRT_AVX2 static inline __m256 omrt_act8(__m256 v, const omrt_epilogue *e) {
+    switch (e->act) {
+    case OMRT_ACT_RELU: return _mm256_max_ps(v, _mm256_setzero_ps());
+    case OMRT_ACT_LEAKY: {
+        __m256 neg = _mm256_cmp_ps(v, _mm256_setzero_ps(), _CMP_LT_OQ);
+        return _mm256_blendv_ps(v, _mm256_mul_ps(v, _mm256_set1_ps(e->alpha)), neg);
+    }
+    case OMRT_ACT_CLIP: return _mm256_min_ps(_mm256_max_ps(v, _mm256_set1_ps(e->alpha)), _mm256_set1_ps(e->beta));
+    default: return v;
+    }
+}
+
+/* A mask of the first n (0..8) lanes, for maskstore. */
+OMRT_AVX2 static inline __m256i omrt_lanes8(int64_t n) {
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+/* The AVX2 tile: 6 rows x 16 columns, accumulators in 12 registers. */
+OMRT_AVX2 static void omrt_tile_avx2(int64_t K, const float *a, int64_t aks, const float *b, int64_t nr,
+                                     float *c, int64_t ldc, int64_t rows, int64_t cols, const omrt_epilogue *e) {
+    (void)nr;
+    __m256 acc[6][2];
+#pragma GCC unroll 6
+    for (int r = 0; r < 6; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+    for (int64_t k = 0; k < K; k++) {
+        __m256 b0 = _mm256_loadu_ps(b + 16 * k), b1 = _mm256_loadu_ps(b + 16 * k + 8);
+        const float *ak = a + k * aks;
+#pragma GCC unroll 6
+        for (int r = 0; r < 6; r++) {
+            __m256 av = _mm256_broadcast_ss(ak + r);
+            acc[r][0] = _mm256_fmadd_ps(av, b0, acc[r][0]);
+            acc[r][1] = _mm256_fmadd_ps(av, b1, acc[r][1]);
+        }
+    }
+    __m256i m0 = omrt_lanes8(cols > 8 ? 8 : cols), m1 = omrt_lanes8(cols > 16 ? 8 : cols > 8 ? cols - 8 : 0);
+#pragma GCC unroll 6
+    for (int r = 0; r < 6; r++) {
+        if (r < rows) {
+            __m256 add = _mm256_set1_ps(e->bias ? e->bias[r] : 0.0f);
+            _mm256_maskstore_ps(c + r * ldc, m0, omrt_act8(_mm256_add_ps(acc[r][0], add), e));
+            _mm256_maskstore_ps(c + r * ldc + 8, m1, omrt_act8(_mm256_add_ps(acc[r][1], add), e));
+        }
+    }
+}
+#endif
+
+typedef void (*omrt_tile_fn)(int64_t, const float *, int64_t, const float *, int64_t, float *, int64_t, int64_t,
+                             int64_t, const omrt_epilogue *);
+
+typedef struct {
+    omrt_tile_fn tile;
+    int64_t rows, nr; /* the tile's rows (a divisor of OMRT_PANEL) and columns */
+} omrt_gemm_kind;
+
+/* The widest tile this CPU runs: 2 AVX-512, 1 AVX2 and FMA, 0 plain C; OMRT_GEMM_TILE=avx2 or
+ * =c in the environment caps it (to test the narrower tiles on a wider CPU). */
+static int omrt_gemm_level(void) {
+    int level = 0;
+#ifdef OMRT_X86
+    __builtin_cpu_init();
+    level = __builtin_cpu_supports("avx512f") ? 2 : __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#endif
+    const char *cap = getenv("OMRT_GEMM_TILE");
+    if (cap && strcmp(cap, "c") == 0) return 0;
+    if (cap && strcmp(cap, "avx2") == 0 && level > 1) return 1;
+    return level;
+}
+
+/* The tile for this CPU (decided once; the race of two first callers is benign). */
+static inline omrt_gemm_kind omrt_gemm_pick(void) {
+    static int level = -1;
+    if (level < 0) level = omrt_gemm_level();
+#ifdef OMRT_X86
+    if (level == 2) return (omrt_gemm_kind){omrt_tile_avx512, OMRT_PANEL, 32};
+    if (level == 1) return (omrt_gemm_kind){omrt_tile_avx2, 6, 16};
+#endif
+    return (omrt_gemm_kind){omrt_tile_c, OMRT_PANEL, 16};
+}
+
+/* Columns [p, p + w) of b (K rows, pitch ldb) as strips of nr columns, K x nr each, one after
+ * another in `block`, zero past column w. Each row of b is read once, front to back. */
+static void omrt_pack_strips(const float *b, int64_t ldb, int64_t K, int64_t w, int64_t nr, float *block) {
+    const int64_t strips = (w + nr - 1) / nr;
+    for (int64_t k = 0; k < K; k++) {
+        const float *row = b + k * ldb;
+        for (int64_t s = 0; s < strips; s++) {
+            float *dst = block + (s * K + k) * nr;
+            const int64_t cols = w - s * nr;
+            if (cols >= nr && nr == 32)
+                memcpy(dst, row + s * nr, 32 * sizeof(float));
+            else if (cols >= nr && nr == 16)
+                memcpy(dst, row + s * nr, 16 * sizeof(float));
+            else
+                for (int64_t j = 0; j < nr; j++) dst[j] = j < cols ? row[s * nr + j] : 0.0f;
+        }
+    }
+}
+
+/* c (rows [m0, m1) of the output, n columns, pitch ldc) = rows [m0, m1) of the packed weights
+ * `panels` (K columns; m0 a multiple of OMRT_PANEL) times b (K x n, pitch ldb), bias (per row,
+ * indexed from row 0) and activation applied. b is copied `block` columns at a time (a multiple
+ * of OMRT_MAX_NR) into `scratch` (K * block floats), and each panel is multiplied by every strip
+ * of the block while it is in L1. */
+static void omrt_panel_gemm(const float *panels, int64_t K, int64_t m0, int64_t m1, const float *b, int64_t ldb,
+                            int64_t n, float *c, int64_t ldc, const omrt_epilogue *e, float *scratch,
+                            int64_t block) {
+    const omrt_gemm_kind kind = omrt_gemm_pick();
+    for (int64_t p = 0; p < n; p += block) {
+        const int64_t w = n - p < block ? n - p : block;
+        omrt_pack_strips(b + p, ldb, K, w, kind.nr, scratch);
+        for (int64_t m = m0; m < m1; m += kind.rows) {
+            omrt_epilogue at = {e->bias ? e->bias + m : NULL, e->act, e->alpha, e->beta};
+            const float *a = panels + m / OMRT_PANEL * K * OMRT_PANEL + m % OMRT_PANEL;
+            const int64_t rows = m1 - m < kind.rows ? m1 - m : kind.rows;
+            for (int64_t s = 0; s * kind.nr < w; s++) {
+                const int64_t cols = w - s * kind.nr < kind.nr ? w - s * kind.nr : kind.nr;
+                kind.tile(K, a, OMRT_PANEL, scratch + s * K * kind.nr, kind.nr, c + (m - m0) * ldc + p + s * kind.nr,
+                          ldc, rows, cols, &at);
+            }
+        }
+    }
+}
+
+#endif

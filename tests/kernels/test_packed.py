@@ -1,0 +1,160 @@
+"""PackedConv: filters packed at compile time for omrt's own GEMM (csrc/omrt_gemm.h), against
+onnx.reference over many layer geometries, on every tile a CPU may pick, and after a swap of the
+filters it was packed from."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import onnx
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from onnx import TensorProto, helper, numpy_helper
+
+from kernel_check import randn, reference
+import omrt
+from omrt.kernels import OpContext, TensorInfo, packed, parallel
+from omrt.native.bindings import GEMM_TILES
+from test_native_kernels import ACTS, _activated
+
+
+def _kernel(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, attrs: dict, native) -> packed.PackedConv:
+    panels = packed.pack_panels(w)
+    ctx = OpContext(attrs, 1, name="t", op_type="PackedConv", native=native)
+    infos = [TensorInfo(x.dtype, x.shape), TensorInfo(w.dtype, w.shape),
+             None if bias is None else TensorInfo(bias.dtype, bias.shape), TensorInfo(panels.dtype, panels.shape)]
+    return packed.PackedConv(ctx, infos, packed.PackedConv.infer(ctx, infos))
+
+
+def _run(kernel: packed.PackedConv, x, w, bias) -> np.ndarray:
+    """The kernel's output, every float of it written (NaN before), over a workspace of garbage."""
+    y = np.full(kernel.outputs[0].shape, np.nan, np.float32)
+    kernel.run([x, w, bias, packed.pack_panels(w)], [y], np.full(kernel.workspace(), 0xCD, np.uint8))
+    return y
+
+
+def test_panels_hold_twelve_filters_per_tap_and_zeros_past_the_last():
+    w = randn(14, 3, 2, 2)
+    panels = packed.pack_panels(w)
+    assert panels.shape == (2, 12, packed.PANEL) and panels.flags.c_contiguous
+    flat = w.reshape(14, 12)
+    for m in range(14):
+        np.testing.assert_array_equal(panels[m // 12, :, m % 12], flat[m])
+    assert not panels[1, :, 2:].any()
+
+
+def test_only_dense_2d_float_layers_with_a_c_activation_are_packed():
+    x, w = TensorInfo(np.dtype(np.float32), (1, 8, 6, 6)), randn(4, 8, 3, 3)
+    assert packed.eligible({}, x, w) and packed.eligible({"strides": [2, 2], "_act": "Clip"}, x, w)
+    assert not packed.eligible({"group": 2}, x, randn(4, 4, 3, 3))
+    assert not packed.eligible({"_act": "Sigmoid"}, x, w)
+    assert not packed.eligible({}, TensorInfo(np.dtype(np.float32), (1, 8, 6)), randn(4, 8, 3))
+    assert not packed.eligible({}, TensorInfo(np.dtype(np.float64), (1, 8, 6, 6)), w.astype(np.float64))
+    assert not packed.eligible({}, TensorInfo(np.dtype(np.float32), ("N", 8, 6, 6)), w)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.integers(1, 2), st.integers(1, 20), st.integers(1, 40), st.integers(1, 12), st.integers(1, 12),
+       st.integers(1, 5), st.integers(1, 3), st.integers(1, 2), st.lists(st.integers(0, 2), min_size=4, max_size=4),
+       st.sampled_from(sorted(ACTS, key=str)), st.booleans(), st.integers(1, 2))
+def test_packed_conv_matches_reference(native, monkeypatch, n, c, f, h, w, k, stride, dilation, pads, act, bias,
+                                       threads):
+    if h + pads[0] + pads[2] < (k - 1) * dilation + 1 or w + pads[1] + pads[3] < (k - 1) * dilation + 1:
+        return
+    x, weight = randn(n, c, h, w), randn(f, c, k, k)
+    b = randn(f) if bias else None
+    attrs = {"pads": pads, "strides": [stride, stride], "dilations": [dilation, dilation]}
+    monkeypatch.setattr(parallel, "NATIVE_SPLIT_FLOPS", 0)
+    omrt.set_num_threads(threads)
+    try:
+        kernel = _kernel(x, weight, b, {**attrs, **ACTS[act]}, native)
+        assert kernel.native_packed is not None
+        y = _run(kernel, x, weight, b)
+    finally:
+        omrt.set_num_threads(1)
+    want = _activated(reference("Conv", [x, weight] + ([b] if bias else []), attrs)[0], act)
+    np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-4 * max(1.0, float(np.abs(want).max())))
+
+
+def test_a_plan_too_small_for_the_strips_runs_as_a_conv(native):
+    x, weight = randn(1, 8, 9, 9), randn(20, 8, 3, 3)
+    kernel = _kernel(x, weight, None, {"strides": [2, 2]}, native)
+    assert kernel.native_packed is not None and kernel.workspace() > kernel.conv_workspace_bytes
+    assert kernel.fit_workspace(kernel.conv_workspace_bytes) and kernel.native_packed is None
+    np.testing.assert_allclose(_run(kernel, x, weight, None), reference("Conv", [x, weight], {"strides": [2, 2]})[0],
+                               rtol=1e-4, atol=1e-4)
+
+
+def _conv_model(f: int, c: int, size: int) -> onnx.ModelProto:
+    """A pointwise Conv then a padded 3x3 stride-2 one (both packed) and a 3x3 stride-1 one
+    (Winograd), each with bias and Relu: every path that reads filters derived at compile time."""
+    rng = np.random.default_rng(3)
+    weights = {"w1": rng.standard_normal((f, c, 1, 1)), "w2": rng.standard_normal((f, f, 3, 3)) / 3,
+               "w3": rng.standard_normal((f, f, 3, 3)) / 3}
+    inits = [numpy_helper.from_array(v.astype(np.float32), k) for k, v in weights.items()]
+    inits += [numpy_helper.from_array(rng.standard_normal(f).astype(np.float32), f"b{i}") for i in (1, 2, 3)]
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"]), helper.make_node("Relu", ["c1"], ["r1"]),
+             helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"], pads=[1, 1, 1, 1], strides=[2, 2]),
+             helper.make_node("Relu", ["c2"], ["r2"]),
+             helper.make_node("Conv", ["r2", "w3", "b3"], ["y"], pads=[1, 1, 1, 1])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c, size, size])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.fixture(scope="module")
+def packed_om(tmp_path_factory, native):
+    path = str(tmp_path_factory.mktemp("packed") / "convs.om")
+    omrt.compile(_conv_model(20, 16, 12), path)
+    ops = [n.op_type for n in omrt.load(path).graph.nodes]
+    assert ops == ["PackedConv", "PackedConv", "WinogradConv"], ops
+    return path
+
+
+def _scaled_error(got: np.ndarray, want: np.ndarray) -> float:
+    return float(np.abs(got - want).max() / np.abs(want).max())
+
+
+def test_swapped_filters_are_used_not_what_was_packed_from_them(packed_om):
+    x = randn(1, 16, 12, 12)
+    plain, trusted = omrt.load(packed_om), omrt.load(packed_om, trust_kernels=True)
+    session = trusted.session()
+    assert _scaled_error(session.run({"x": x})["y"], plain.session().run({"x": x})["y"]) < 1e-5
+    check = plain.session()
+    for name in ("w1", "w2", "w3"):
+        new = randn(*plain.graph.constants[name].shape) / 3
+        session.set_weight(name, new)
+        check.set_weight(name, new)
+        assert _scaled_error(session.run({"x": x})["y"], check.run({"x": x})["y"]) < 1e-5, name
+
+
+TILE_CHECK = """
+import numpy as np, omrt
+from omrt.kernels.packed import gemm_tile
+x = np.random.default_rng(0).standard_normal((1, 16, 12, 12)).astype(np.float32)
+trusted = omrt.load({path!r}, trust_kernels=True)
+got = trusted.session().run({{"x": x}})["y"]
+want = omrt.load({path!r}).session().run({{"x": x}})["y"]
+print(gemm_tile(trusted.native), float(np.abs(got - want).max() / np.abs(want).max()))
+"""
+
+
+@pytest.mark.parametrize("tile", ["c", "avx2", None])
+def test_every_tile_a_cpu_may_pick_computes_the_same(packed_om, tile):
+    env = {k: v for k, v in os.environ.items() if k != "OMRT_GEMM_TILE"}
+    if tile:
+        env["OMRT_GEMM_TILE"] = tile
+    done = subprocess.run([sys.executable, "-c", TILE_CHECK.format(path=packed_om)], env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    level, error = done.stdout.split()
+    assert GEMM_TILES[int(level)]
+    if tile == "c":
+        assert int(level) == 0
+    elif tile == "avx2":
+        assert int(level) <= 1
+    assert float(error) < 1e-5
