@@ -359,7 +359,7 @@ def test_chains_break_where_they_must(tmp_path):
                     _n("Add", ["s", "m"], ["y"])], [("x", [4, 4])], [("y", [4, 4])],
                    [("w", RNG.standard_normal((4, 4)))])
     res = omrt.compile(model, str(tmp_path / "a.om"))
-    assert [n.op_type for n in res.graph.nodes] == ["AutoFused", "MatMul", "Add"]
+    assert [n.op_type for n in res.graph.nodes] == ["AutoFused", "PackedMatMul", "Add"]
     sym = _model([_n("Relu", ["x"], ["r"]), _n("Sigmoid", ["r"], ["y"])], [("x", ["N", 4])], [("y", ["N", 4])])
     res = omrt.compile(sym, str(tmp_path / "b.om"))
     assert [n.op_type for n in res.graph.nodes] == ["Relu", "Sigmoid"]

@@ -185,5 +185,7 @@ def test_profile_times_every_op_type_and_restores_the_plain_loop(mlp_om):
     plain = list(sess._executor.instructions)
     x = RNG.standard_normal((4, 64)).astype(np.float32)
     per_op = sess.profile({"x": x}, repeat=3)
-    assert set(per_op) == {"FusedMatMul", "MatMul"} and all(v > 0 for v in per_op.values())
+    # the products (the Reshapes are views, not run): PackedMatMuls where the compiler built C kernels
+    ops = {n.op_type for n in sess.model.graph.nodes} & {"FusedMatMul", "MatMul", "PackedMatMul"}
+    assert ops and set(per_op) == ops and all(v > 0 for v in per_op.values())
     assert sess._executor.instructions == plain and sess.stats.runs == 3

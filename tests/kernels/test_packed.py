@@ -1,6 +1,6 @@
-"""PackedConv: filters packed at compile time for omrt's own GEMM (csrc/omrt_gemm.h), against
-onnx.reference over many layer geometries, on every tile a CPU may pick, and after a swap of the
-filters it was packed from."""
+"""PackedConv and PackedMatMul: weights packed at compile time for omrt's own GEMM
+(csrc/omrt_gemm.h), against onnx.reference over many shapes, on every tile a CPU may pick, and
+after a swap of the weights they were packed from."""
 
 from __future__ import annotations
 
@@ -47,6 +47,15 @@ def test_panels_hold_twelve_filters_per_tap_and_zeros_past_the_last():
     assert not panels[1, :, 2:].any()
 
 
+def test_strips_hold_thirty_two_columns_per_row_and_zeros_past_the_last():
+    b = randn(5, 40)
+    strips = packed.pack_strips(b)
+    assert strips.shape == (2, 5, packed.STRIP) and strips.flags.c_contiguous
+    np.testing.assert_array_equal(strips[0], b[:, :32])
+    np.testing.assert_array_equal(strips[1, :, :8], b[:, 32:])
+    assert not strips[1, :, 8:].any()
+
+
 def test_only_dense_2d_float_layers_with_a_c_activation_are_packed():
     x, w = TensorInfo(np.dtype(np.float32), (1, 8, 6, 6)), randn(4, 8, 3, 3)
     assert packed.eligible({}, x, w) and packed.eligible({"strides": [2, 2], "_act": "Clip"}, x, w)
@@ -80,6 +89,44 @@ def test_packed_conv_matches_reference(native, monkeypatch, n, c, f, h, w, k, st
     np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-4 * max(1.0, float(np.abs(want).max())))
 
 
+def _product(a: np.ndarray, b: np.ndarray, bias: np.ndarray | None, attrs: dict, native) -> packed.PackedMatMul:
+    strips = packed.pack_strips(b)
+    ctx = OpContext(attrs, 1, name="t", op_type="PackedMatMul", native=native)
+    infos = [TensorInfo(a.dtype, a.shape), TensorInfo(b.dtype, b.shape),
+             None if bias is None else TensorInfo(bias.dtype, bias.shape), TensorInfo(strips.dtype, strips.shape)]
+    return packed.PackedMatMul(ctx, infos, packed.PackedMatMul.infer(ctx, infos))
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.integers(1, 5), min_size=0, max_size=2), st.integers(1, 30), st.integers(1, 70),
+       st.integers(1, 80), st.sampled_from(sorted(ACTS, key=str)), st.booleans(), st.integers(1, 2))
+def test_packed_matmul_matches_reference(native, monkeypatch, batch, rows, depth, cols, act, bias, threads):
+    a, b = randn(*batch, rows, depth), randn(depth, cols)
+    c = randn(cols) if bias else None
+    monkeypatch.setattr(parallel, "NATIVE_SPLIT_FLOPS", 0)
+    omrt.set_num_threads(threads)
+    try:
+        kernel = _product(a, b, c, ACTS[act], native)
+        assert (kernel.native_packed is not None) == (np.prod(batch, dtype=int) * rows >= packed.MIN_ROWS)
+        y = np.full(kernel.outputs[0].shape, np.nan, np.float32)
+        kernel.run([a, b, c, packed.pack_strips(b)], [y], np.full(kernel.workspace(), 0xCD, np.uint8))
+    finally:
+        omrt.set_num_threads(1)
+    want = _activated(a.astype(np.float64) @ b + (0 if c is None else c), act)
+    np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-4 * max(1.0, float(np.abs(want).max())))
+
+
+def test_only_float_products_by_a_matrix_with_a_bias_over_columns_are_packed():
+    a, b = TensorInfo(np.dtype(np.float32), (2, 7, 8)), randn(8, 5)
+    bias = TensorInfo(np.dtype(np.float32), (5,))
+    assert packed.product_eligible({}, a, b, None) and packed.product_eligible({"_act": "Relu"}, a, b, bias)
+    assert not packed.product_eligible({}, a, b, TensorInfo(np.dtype(np.float32), (7, 5)))
+    assert not packed.product_eligible({"_perm_b": [1, 0]}, a, b, None)
+    assert not packed.product_eligible({"_act": "Sigmoid"}, a, b, None)
+    assert not packed.product_eligible({}, TensorInfo(np.dtype(np.float32), (8,)), b, None)
+    assert not packed.product_eligible({}, a, randn(2, 8, 5), None)
+
+
 def test_a_plan_too_small_for_the_strips_runs_as_a_conv(native):
     x, weight = randn(1, 8, 9, 9), randn(20, 8, 3, 3)
     kernel = _kernel(x, weight, None, {"strides": [2, 2]}, native)
@@ -91,16 +138,19 @@ def test_a_plan_too_small_for_the_strips_runs_as_a_conv(native):
 
 def _conv_model(f: int, c: int, size: int) -> onnx.ModelProto:
     """A pointwise Conv then a padded 3x3 stride-2 one (both packed) and a 3x3 stride-1 one
-    (Winograd), each with bias and Relu: every path that reads filters derived at compile time."""
+    (Winograd), each with bias and Relu, then a product by a matrix with a bias (packed): every
+    path that reads weights derived at compile time."""
     rng = np.random.default_rng(3)
     weights = {"w1": rng.standard_normal((f, c, 1, 1)), "w2": rng.standard_normal((f, f, 3, 3)) / 3,
-               "w3": rng.standard_normal((f, f, 3, 3)) / 3}
+               "w3": rng.standard_normal((f, f, 3, 3)) / 3, "w4": rng.standard_normal((size // 2, 37)) / 3,
+               "b4": rng.standard_normal(37)}
     inits = [numpy_helper.from_array(v.astype(np.float32), k) for k, v in weights.items()]
     inits += [numpy_helper.from_array(rng.standard_normal(f).astype(np.float32), f"b{i}") for i in (1, 2, 3)]
     nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"]), helper.make_node("Relu", ["c1"], ["r1"]),
              helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"], pads=[1, 1, 1, 1], strides=[2, 2]),
              helper.make_node("Relu", ["c2"], ["r2"]),
-             helper.make_node("Conv", ["r2", "w3", "b3"], ["y"], pads=[1, 1, 1, 1])]
+             helper.make_node("Conv", ["r2", "w3", "b3"], ["c3"], pads=[1, 1, 1, 1]),
+             helper.make_node("MatMul", ["c3", "w4"], ["p"]), helper.make_node("Add", ["p", "b4"], ["y"])]
     graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c, size, size])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
@@ -111,7 +161,7 @@ def packed_om(tmp_path_factory, native):
     path = str(tmp_path_factory.mktemp("packed") / "convs.om")
     omrt.compile(_conv_model(20, 16, 12), path)
     ops = [n.op_type for n in omrt.load(path).graph.nodes]
-    assert ops == ["PackedConv", "PackedConv", "WinogradConv"], ops
+    assert ops == ["PackedConv", "PackedConv", "WinogradConv", "PackedMatMul"], ops
     return path
 
 
@@ -125,7 +175,7 @@ def test_swapped_filters_are_used_not_what_was_packed_from_them(packed_om):
     session = trusted.session()
     assert _scaled_error(session.run({"x": x})["y"], plain.session().run({"x": x})["y"]) < 1e-5
     check = plain.session()
-    for name in ("w1", "w2", "w3"):
+    for name in ("w1", "w2", "w3", "w4"):
         new = randn(*plain.graph.constants[name].shape) / 3
         session.set_weight(name, new)
         check.set_weight(name, new)
@@ -158,3 +208,16 @@ def test_every_tile_a_cpu_may_pick_computes_the_same(packed_om, tile):
     elif tile == "avx2":
         assert int(level) <= 1
     assert float(error) < 1e-5
+
+
+@pytest.mark.parametrize("trust", [True, False])
+def test_a_weight_budget_holds_only_the_form_of_each_weight_that_is_read(packed_om, trust):
+    model = omrt.load(packed_om, trust_kernels=trust, weight_budget=1 << 20)
+    plan = model.default.stream
+    held = set(plan.resident) | {f.key for f in plan.fills}
+    derived = {"w1__panels", "w2__panels", "w3__winograd", "w4__strips"}
+    assert held & derived == (derived if trust else set())
+    assert held & {"w1", "w2", "w3", "w4"} == (set() if trust else {"w1", "w2", "w3", "w4"})
+    x = randn(1, 16, 12, 12)
+    want = omrt.load(packed_om).session().run({"x": x})["y"]
+    assert _scaled_error(model.session().run({"x": x})["y"], want) < 1e-5

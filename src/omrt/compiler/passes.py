@@ -539,3 +539,24 @@ def use_packed_filters(graph: Graph) -> Graph:
         node.inputs = [node.inputs[0], node.inputs[1], bias, panels]
         graph.opsets.setdefault("omrt", 1)
     return graph
+
+
+def use_packed_products(graph: Graph) -> Graph:
+    """Rewrite the MatMuls and FusedMatMuls by a constant matrix as omrt::PackedMatMul, adding the
+    matrix packed for omrt's own GEMM as a weight (it keeps its own: see omrt.kernels.packed).
+    Only worth it when the native library is packed."""
+    for node in graph.nodes:
+        if (node.op_type, node.domain) not in (("MatMul", ""), ("FusedMatMul", "omrt")):
+            continue
+        b = graph.constants.get(node.inputs[1])
+        bias = node.inputs[2] if len(node.inputs) > 2 else ""
+        if b is None or not packed.product_eligible(node.attrs, graph.infos[node.inputs[0]], b,
+                                                    graph.infos[bias] if bias else None):
+            continue
+        strips = f"{node.inputs[1]}__strips"
+        if strips not in graph.constants:
+            graph.add_constant(strips, packed.pack_strips(b))
+        node.op_type, node.domain = "PackedMatMul", "omrt"
+        node.inputs = [node.inputs[0], node.inputs[1], bias, strips]
+        graph.opsets.setdefault("omrt", 1)
+    return graph

@@ -113,6 +113,17 @@ class Kernel:
         """Stop reading the `derived` inputs and compute from their sources alone: a source was
         swapped (`Session.set_weight`), so what the compiler derived from it is stale."""
 
+    def reads_derived(self) -> bool:
+        """Whether run() takes the path that reads the `derived` inputs (not their sources)."""
+        return False
+
+    def unread_inputs(self) -> frozenset[int]:
+        """Positions of the inputs run() never reads on the path it takes: the `derived` inputs,
+        or their sources when it reads those; a weight budget need not hold them."""
+        if self.reads_derived():
+            return frozenset(source for _, source in self.derived)
+        return frozenset(derived for derived, _ in self.derived)
+
     def run(self, inputs: Sequence[np.ndarray | None], outputs: Sequence[np.ndarray],
             workspace: np.ndarray | None) -> list[np.ndarray] | None:
         """Compute into `outputs` (dynamic kernels return new arrays instead)."""

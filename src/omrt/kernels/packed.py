@@ -1,11 +1,13 @@
-"""PackedConv (omrt::PackedConv): a Conv whose filters the compiler packed, once, into the panels
-omrt's own GEMM reads (csrc/omrt_gemm.h), so that no run packs or re-reads them in another layout.
+"""PackedConv and PackedMatMul (omrt::): a Conv, or a product by a constant matrix, whose weights
+the compiler packed, once, into the layout omrt's own GEMM reads (csrc/omrt_gemm.h), so that no
+run packs or re-reads them in another layout.
 
-The compiler rewrites a dense 2-d float32 Conv into this op only when it packs the native
-library, and the node keeps the Conv's own filters: without the library (not trusted, another
-host) it runs as the Conv it was, through numpy or BLAS. With it, one C call gathers the columns
-(as Conv's native path does), copies them a strip at a time next to the cores, and multiplies
-every panel of filters by each strip with bias and activation applied in the tile's registers.
+The compiler rewrites a node into one of these only when it packs the native library, and the
+node keeps its own weights: without the library (not trusted, another host, a CPU without a
+vector tile) it runs as the node it was, through numpy or BLAS. With it, PackedConv gathers the
+columns (as Conv's native path does), copies them a block at a time next to the cores, and
+multiplies every panel of filters by each strip; PackedMatMul copies A's rows into panels and
+multiplies them by B's strips. Bias and activation are applied in the tile's registers.
 """
 
 from __future__ import annotations
@@ -16,11 +18,12 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from ..memory import align
-from ..native.bindings import GEMM_TILE, PCONV2D, activation_code
+from ..native.bindings import GEMM_TILE, PCONV2D, PMATMUL, activation_code
 from ..native.signature import CONSTANTS
 from . import parallel
-from .base import OpContext, TensorInfo, register
+from .base import OpContext, TensorInfo, apply_activation, numel, register
 from .conv import Conv
+from .linalg import PERMS, MatMulBase
 
 PANEL = CONSTANTS["GEMM_PANEL"]
 """Rows of filters per packed panel."""
@@ -45,6 +48,15 @@ def pack_panels(w: np.ndarray) -> np.ndarray:
     padded = np.zeros((rows, taps), w.dtype)
     padded[:filters] = w.reshape(filters, taps)
     return np.ascontiguousarray(padded.reshape(rows // PANEL, PANEL, taps).transpose(0, 2, 1))
+
+
+def pack_strips(b: np.ndarray) -> np.ndarray:
+    """The matrix b (K, N) as (ceil(N / STRIP), K, STRIP) strips: element [s, k, j] is
+    b[k, STRIP * s + j], zero past column N."""
+    taps, cols = b.shape
+    padded = np.zeros((taps, -(-cols // STRIP) * STRIP), b.dtype)
+    padded[:, :cols] = b
+    return np.ascontiguousarray(padded.reshape(taps, -1, STRIP).transpose(1, 0, 2))
 
 
 def gemm_tile(library: Any) -> int:
@@ -93,6 +105,9 @@ class PackedConv(Conv):
     def drop_derived(self) -> None:
         self.native_packed = None
 
+    def reads_derived(self) -> bool:
+        return self.native_packed is not None
+
     def fit_workspace(self, nbytes: int) -> bool:
         """A plan too small for the strips (an older omrt's) runs the layer as a Conv."""
         if self.workspace_bytes > nbytes:
@@ -114,3 +129,67 @@ class PackedConv(Conv):
         strips = workspace[self.conv_workspace_bytes:]
         b = inputs[2] if len(inputs) > 2 else None
         self.native_packed(x, inputs[3], b, y, work, strips, step, buffer, self.block, threads)
+
+
+MIN_ROWS = PANEL // 2
+"""Products with fewer rows of A run through BLAS: a tile would multiply mostly zero rows."""
+
+
+def product_eligible(attrs: dict[str, Any], a: TensorInfo, b: np.ndarray, bias: TensorInfo | None) -> bool:
+    """Whether a MatMul (or FusedMatMul with `bias`) of `a` by the constant matrix `b` can run as a
+    PackedMatMul: float32, A a stack of rows, a bias over the columns only, no transposes folded
+    in, and an activation the C tile applies."""
+    return (a.dtype == np.float32 and b.dtype == np.float32 and b.ndim == 2 and a.shape is not None
+            and a.rank >= 2 and a.shape[-1] == b.shape[0] and not any(attrs.get(k) for k in PERMS)
+            and (bias is None or (bias.dtype == np.float32 and tuple(bias.shape) == (b.shape[1],)))
+            and activation_code(attrs) is not None)
+
+
+@register("PackedMatMul", since=1, domain="omrt")
+class PackedMatMul(MatMulBase):
+    """MatMul(A, B) + bias (or ""), B constant, with pack_strips(B) as input 3, multiplied by
+    omrt's own GEMM."""
+
+    derived = ((3, 1),)
+
+    def __init__(self, ctx: OpContext, inputs: Sequence[TensorInfo | None],
+                 outputs: Sequence[TensorInfo]) -> None:
+        super().__init__(ctx, inputs[:2], outputs)
+        self.inputs = list(inputs)
+        self.rows, (self.depth, self.cols) = numel(inputs[0].shape[:-1]), inputs[1].shape
+        self.panel_bytes = align(-(-self.rows // PANEL) * PANEL * self.depth * 4)
+        self.act = activation_code(ctx.attrs)
+        fn = ctx.native.get(PMATMUL) if ctx.native is not None else None
+        usable = fn is not None and self.act is not None and self.rows >= MIN_ROWS and gemm_tile(ctx.native) > 0
+        self.native_packed = fn if usable else None
+
+    def workspace(self) -> int:
+        return max(super().workspace(), self.panel_bytes)
+
+    def drop_derived(self) -> None:
+        self.native_packed = None
+
+    def reads_derived(self) -> bool:
+        return self.native_packed is not None
+
+    def fit_workspace(self, nbytes: int) -> bool:
+        """A plan too small for A's panels (an older omrt's) runs the product through BLAS."""
+        if self.panel_bytes > nbytes:
+            self.native_packed = None
+            self.panel_bytes = 0
+        return super().fit_workspace(nbytes)
+
+    def run(self, inputs, outputs, workspace):
+        a, out = inputs[0], outputs[0]
+        bias = inputs[2] if len(inputs) > 2 else None
+        if self.native_packed is not None and a.flags.c_contiguous and out.flags.c_contiguous and out.size:
+            m, n, k = self.rows, self.cols, self.depth
+            threads = parallel.native_threads(2 * m * n * k)
+            self.native_packed(a.reshape(m, k), inputs[3], bias, out.reshape(m, n), workspace, m, n, k, k, n,
+                               threads, *self.act)
+            return
+        a, b, y = self.views(inputs, out)
+        if not self.product(a, b, y, workspace, bias):
+            if bias is not None:
+                np.add(y, bias, out=y)
+            apply_activation(out, self.ctx)

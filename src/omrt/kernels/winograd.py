@@ -94,6 +94,9 @@ class WinogradConv(Conv):
     def drop_derived(self) -> None:
         self.native_winograd = None
 
+    def reads_derived(self) -> bool:
+        return self.native_winograd is not None
+
     def fit_workspace(self, nbytes: int) -> bool:
         """A plan too small for the Winograd scratch (an older omrt's) runs the layer as a Conv."""
         if self.workspace_bytes > nbytes:

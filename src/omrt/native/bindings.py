@@ -85,7 +85,7 @@ PCONV2D = Function(
               "block % GEMM_MAX_NR == 0", _TAPS, _ACT_KNOWN))
 """Conv of one group, its filters packed at compile time (omrt.kernels.packed), through omrt's own GEMM."""
 
-GEMM_TILE = Function("conv", "omrt_gemm_tile", (Array("level", "1", write=True, dtype="int64"),))
+GEMM_TILE = Function("workers", "omrt_gemm_tile", (Array("level", "1", write=True, dtype="int64"),))
 """The widest tile of omrt's GEMM on this CPU: 2 AVX-512, 1 AVX2 and FMA, 0 plain C."""
 
 GEMM_TILES = {0: "plain C 12x16", 1: "AVX2 6x16", 2: "AVX-512 12x32"}
@@ -126,6 +126,15 @@ MATMUL = Function(
     requires=("ta <= 1", "tb <= 1", _ACT_KNOWN),
     blas=True)
 
+PMATMUL = Function(
+    "linalg", "omrt_pmatmul_f32",
+    (Array("a", "(M - 1) * lda + K"), Array("strips", "-(-N // GEMM_MAX_NR) * K * GEMM_MAX_NR"),
+     Array("bias", "N", optional=True), Array("c", "(M - 1) * ldc + N", write=True),
+     Array("panels", "-(-M // GEMM_PANEL) * GEMM_PANEL * K", write=True, scratch=True),
+     Int("M", 1), Int("N", 1), Int("K", 1), Int("lda"), Int("ldc"), Int("threads", 1), *_ACT),
+    requires=("lda >= K", "ldc >= N", _ACT_KNOWN))
+"""a @ B + bias, then the activation, B packed at compile time (omrt.kernels.packed), through omrt's own GEMM."""
+
 GELU = Function(
     "elementwise", "omrt_gelu_f32",
     (Array("x", "n"), Array("y", "n", write=True), Array("cdf", "GELU_NODES"), Array("slope", "GELU_NODES"),
@@ -156,5 +165,6 @@ LSTM = Function(
     derived=(("Gp", "-(-4 * hidden // LSTM_PANEL) * LSTM_PANEL"),),
     requires=("dirs <= 2", "layout <= 1", "reverse <= 1"))
 
-FUNCTIONS = (USE_BLAS, POOL_BUSY, DWCONV2D, IM2COL2D, CONV2D, PCONV2D, GEMM_TILE, POOL2D, WINOGRAD, MATMUL, GELU, BINARY, LSTM)
+FUNCTIONS = (USE_BLAS, POOL_BUSY, GEMM_TILE, DWCONV2D, IM2COL2D, CONV2D, PCONV2D, POOL2D, WINOGRAD, MATMUL, PMATMUL,
+             GELU, BINARY, LSTM)
 """Every exported C function, the library's entry point first."""

@@ -49,6 +49,10 @@ class Fill:
     """The fill the slot held before (its last reader must finish before this fill starts)."""
 
 
+Unread = frozenset[tuple[int, int]]
+"""(task, input position) pairs whose value the task's kernel never reads on the path it takes."""
+
+
 @dataclass
 class StreamPlan:
     """Resident and streamed weights under a budget, and the slots' schedule."""
@@ -59,6 +63,8 @@ class StreamPlan:
     fills: list[Fill] = field(default_factory=list)
     slot_size: int = 0
     slots: int = 0
+    unread: Unread = frozenset()
+    """(task, input position) pairs left out: the kernel reads another form of that weight."""
 
     @property
     def resident_bytes(self) -> int:
@@ -69,12 +75,12 @@ class StreamPlan:
         return sum(f.nbytes for f in self.fills)
 
 
-def weight_readers(program: Program, sizes: dict[str, int]) -> dict[str, list[int]]:
+def weight_readers(program: Program, sizes: dict[str, int], unread: Unread = frozenset()) -> dict[str, list[int]]:
     """weight key -> the tasks that read it (weights of at least one byte only)."""
     readers: dict[str, list[int]] = {}
     for t, task in enumerate(program.tasks):
-        for v in task.inputs:
-            place = program.places.get(v) if v else None
+        for i, v in enumerate(task.inputs):
+            place = program.places.get(v) if v and (t, i) not in unread else None
             if place is not None and place.region == WEIGHT and sizes.get(place.key, 0) > 0:
                 readers.setdefault(place.key, [])
                 if not readers[place.key] or readers[place.key][-1] != t:
@@ -103,9 +109,9 @@ def _slots(streamed: list[str], sizes: dict[str, int], readers: dict[str, list[i
     return size, count if count >= needed else 0
 
 
-def plan_stream(program: Program, sizes: dict[str, int], budget: int) -> StreamPlan:
+def plan_stream(program: Program, sizes: dict[str, int], budget: int, unread: Unread = frozenset()) -> StreamPlan:
     """Resident weights and the slot schedule of the others, for `budget` bytes of weights."""
-    readers = weight_readers(program, sizes)
+    readers = weight_readers(program, sizes, unread)
     keep = sorted(readers, key=lambda k: (-len(readers[k]), sizes[k], k))
     movable = [k for k in reversed(keep) if sizes[k] >= MIN_STREAMED]
     fitted = _fit(keep, movable, sizes, readers, budget, read_ahead=False)
@@ -114,7 +120,7 @@ def plan_stream(program: Program, sizes: dict[str, int], budget: int) -> StreamP
     ahead = _fit(keep, movable, sizes, readers, budget, read_ahead=True)
     streamed, slot_size, count = ahead or fitted
     resident = {k: sizes[k] for k in keep if k not in streamed}
-    return StreamPlan(budget, resident, _schedule(streamed, sizes, readers, count), slot_size, count)
+    return StreamPlan(budget, resident, _schedule(streamed, sizes, readers, count), slot_size, count, unread)
 
 
 def _fit(keep: list[str], movable: list[str], sizes: dict[str, int], readers: dict[str, list[int]],
@@ -168,7 +174,7 @@ def _schedule(streamed: list[str], sizes: dict[str, int], readers: dict[str, lis
 
 def verify_stream(plan: StreamPlan, program: Program, sizes: dict[str, int]) -> None:
     """Raise PlanError naming the first broken rule of a slot schedule."""
-    readers = weight_readers(program, sizes)
+    readers = weight_readers(program, sizes, plan.unread)
     if plan.resident_bytes + plan.slots * plan.slot_size > plan.budget:
         raise PlanError(f"resident weights ({plan.resident_bytes} bytes) and {plan.slots} slots of "
                         f"{plan.slot_size} exceed the budget of {plan.budget}")

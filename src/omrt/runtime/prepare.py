@@ -83,6 +83,13 @@ def kernel_for(graph: Graph, program: Program, task: Task, native: Any = None,
     return cls(context(node, graph, native), ins, outs)
 
 
+def _unread(graph: Graph, program: Program, native: Any) -> frozenset[tuple[int, int]]:
+    """(task, input position) pairs the tasks' kernels never read: of a weight and what the
+    compiler derived from it, a kernel reads one (see Kernel.unread_inputs)."""
+    return frozenset((t, i) for t, task in enumerate(program.tasks) if not _runs_late(program, task.outputs)
+                     for i in kernel_for(graph, program, task, native).unread_inputs())
+
+
 def prepare(graph: Graph, program: Program, native: Any = None, weight_budget: int | None = None,
             hold_resident: Callable[[Graph, Iterable[str]], None] | None = None) -> Prepared:
     """Instantiate every task's kernel with the program's concrete shapes (and the model's native
@@ -91,7 +98,8 @@ def prepare(graph: Graph, program: Program, native: Any = None, weight_budget: i
     stream = None
     if weight_budget is not None:
         sizes = {k: a.nbytes for k, a in graph.constants.items() if a.dtype != object}
-        stream = plan_stream(program, sizes, weight_budget)
+        unread = _unread(graph, program, native)
+        stream = plan_stream(program, sizes, weight_budget, unread)
         verify_stream(stream, program, sizes)
         if hold_resident is not None:
             hold_resident(graph, stream.resident)

@@ -147,7 +147,7 @@ static void multiply(const conv_job *j, int64_t image, int64_t g, int64_t f0, in
     int64_t m = g * j->Fg + f0;
     float *c = j->y + (image * j->M + m) * j->P + at + p0;
     if (j->panels) {
-        omrt_epilogue e = {j->bias, j->act, j->alpha, j->beta};
+        omrt_epilogue e = {j->bias, NULL, j->act, j->alpha, j->beta};
         omrt_panel_gemm(j->panels, j->K, m, m + f1 - f0, b + p0, ldb, p1 - p0, c, j->P, &e,
                         j->strips + thread * j->K * j->block, j->block);
         return;
@@ -259,6 +259,3 @@ OMRT_EXPORT void omrt_pconv2d_f32(const float *x, const float *panels, const flo
     conv_job j = CONV_JOB(.panels = panels, .strips = strips, .block = block, .G = 1, .K = C * KH * KW, .Fg = M);
     run_conv(&j, threads);
 }
-
-/* level[0] = the widest tile omrt_pconv2d_f32 runs on this CPU: 2 AVX-512, 1 AVX2, 0 plain C. */
-OMRT_EXPORT void omrt_gemm_tile(int64_t *level) { level[0] = omrt_gemm_level(); }

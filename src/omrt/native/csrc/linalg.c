@@ -1,6 +1,7 @@
 /* Matrix products (MatMul, FusedMatMul, Gemm): A @ B, plus a bias over the columns and the fused
- * activation, split in blocks of the output over the native workers, each block one BLAS call. */
-#include "omrt_native.h"
+ * activation, split in blocks of the output over the native workers, each block one BLAS call;
+ * and products by weights packed at compile time, through omrt's own GEMM (omrt_gemm.h). */
+#include "omrt_gemm.h"
 
 typedef struct {
     const float *a, *b, *bias;
@@ -54,4 +55,42 @@ OMRT_EXPORT void omrt_matmul_f32(const float *a, const float *b, const float *bi
     else
         j.cparts = parts < N / 16 ? parts : (N / 16 > 1 ? N / 16 : 1);
     omrt_parallel(mm_part, &j, batch * j.rparts * j.cparts, threads);
+}
+
+/* omrt_pmatmul_f32's work: A copied into row panels, then one tile per (strip, panel). */
+typedef struct {
+    const float *a, *strips, *bias;
+    float *c, *panels;
+    int64_t M, N, K, lda, ldc, P, act;
+    float alpha, beta;
+} pmm_job;
+
+static void pack_part(void *p, int64_t item, int64_t thread) {
+    const pmm_job *j = p;
+    (void)thread;
+    omrt_pack_rows(j->a, j->lda, j->M, j->K, item * OMRT_PANEL, j->panels + item * j->K * OMRT_PANEL);
+}
+
+/* Item (strip, panel), panels fastest: a thread's next item mostly reads the strip it just did. */
+static void strip_part(void *p, int64_t item, int64_t thread) {
+    const pmm_job *j = p;
+    (void)thread;
+    const int64_t s = item / j->P, panel = item % j->P;
+    omrt_epilogue e = {NULL, j->bias, j->act, j->alpha, j->beta};
+    omrt_strip_tile(j->panels + panel * j->K * OMRT_PANEL, j->strips, s, j->K, j->M, j->N, panel * OMRT_PANEL, j->c,
+                    j->ldc, &e);
+}
+
+/* c (M x N, pitch ldc) = a (M x K, pitch lda) @ B + bias (N floats, when not NULL), then the
+ * activation, B (K x N) packed at compile time as strips of OMRT_MAX_NR columns (K x OMRT_MAX_NR
+ * each, zero past column N; omrt.kernels.packed.pack_strips); a is first copied into `panels`
+ * (OMRT_PANEL rows per panel), on `threads` threads. */
+OMRT_EXPORT void omrt_pmatmul_f32(const float *a, const float *strips, const float *bias, float *c, float *panels,
+                                  int64_t M, int64_t N, int64_t K, int64_t lda, int64_t ldc, int64_t threads,
+                                  int64_t act, float alpha, float beta) {
+    pmm_job j = {.a = a, .strips = strips, .bias = bias, .c = c, .panels = panels, .M = M, .N = N, .K = K,
+                 .lda = lda, .ldc = ldc, .P = (M + OMRT_PANEL - 1) / OMRT_PANEL, .act = act, .alpha = alpha,
+                 .beta = beta};
+    omrt_parallel(pack_part, &j, j.P, threads);
+    omrt_parallel(strip_part, &j, j.P * ((N + OMRT_MAX_NR - 1) / OMRT_MAX_NR), threads);
 }

@@ -27,7 +27,8 @@
 #endif
 
 typedef struct {
-    const float *bias; /* per row of the output (NULL: none) */
+    const float *bias;     /* per row of the output (NULL: none) */
+    const float *col_bias; /* per column of the output (NULL: none) */
     int64_t act;
     float alpha, beta;
 } omrt_epilogue;
@@ -41,18 +42,20 @@ static inline float omrt_act1(float v, const omrt_epilogue *e) {
     }
 }
 
-/* c rows [0, rows), columns [0, cols) (pitch ldc) = a (12-row panel from `a`, k stride `aks`)
- * times strip b (K x nr, nr floats apart), then the epilogue; the plain C tile. */
-static void omrt_tile_c(int64_t K, const float *a, int64_t aks, const float *b, int64_t nr, float *c,
-                        int64_t ldc, int64_t rows, int64_t cols, const omrt_epilogue *e) {
+/* c rows [0, rows), columns [0, cols) (pitch ldc) = a (a panel from `a`, k stride `aks`) times
+ * strip b (K rows of the tile's width, `bks` floats apart), then the epilogue; the plain C tile,
+ * 16 columns wide. */
+static inline void omrt_tile_c(int64_t K, const float *a, int64_t aks, const float *b, int64_t bks, float *c,
+                               int64_t ldc, int64_t rows, int64_t cols, const omrt_epilogue *e) {
     for (int64_t r = 0; r < rows; r++) {
-        float acc[OMRT_MAX_NR] = {0};
+        float acc[16] = {0};
         for (int64_t k = 0; k < K; k++) {
             float av = a[k * aks + r];
-            for (int64_t j = 0; j < nr; j++) acc[j] += av * b[k * nr + j];
+            for (int64_t j = 0; j < 16; j++) acc[j] += av * b[k * bks + j];
         }
         float add = e->bias ? e->bias[r] : 0.0f;
-        for (int64_t j = 0; j < cols; j++) c[r * ldc + j] = omrt_act1(acc[j] + add, e);
+        for (int64_t j = 0; j < cols; j++)
+            c[r * ldc + j] = omrt_act1(acc[j] + add + (e->col_bias ? e->col_bias[j] : 0.0f), e);
     }
 }
 
@@ -73,15 +76,14 @@ OMRT_AVX512 static inline __m512 omrt_act16(__m512 v, const omrt_epilogue *e) {
 }
 
 /* The AVX-512 tile: 12 rows x 32 columns, accumulators in 24 registers. */
-OMRT_AVX512 static void omrt_tile_avx512(int64_t K, const float *a, int64_t aks, const float *b, int64_t nr,
-                                         float *c, int64_t ldc, int64_t rows, int64_t cols,
-                                         const omrt_epilogue *e) {
-    (void)nr;
+OMRT_AVX512 static inline void omrt_tile_avx512(int64_t K, const float *a, int64_t aks, const float *b,
+                                                int64_t bks, float *c, int64_t ldc, int64_t rows, int64_t cols,
+                                                const omrt_epilogue *e) {
     __m512 acc[OMRT_PANEL][2];
 #pragma GCC unroll 12
     for (int r = 0; r < OMRT_PANEL; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
     for (int64_t k = 0; k < K; k++) {
-        __m512 b0 = _mm512_loadu_ps(b + 32 * k), b1 = _mm512_loadu_ps(b + 32 * k + 16);
+        __m512 b0 = _mm512_loadu_ps(b + bks * k), b1 = _mm512_loadu_ps(b + bks * k + 16);
         const float *ak = a + k * aks;
 #pragma GCC unroll 12
         for (int r = 0; r < OMRT_PANEL; r++) {
@@ -92,12 +94,19 @@ OMRT_AVX512 static void omrt_tile_avx512(int64_t K, const float *a, int64_t aks,
     }
     __mmask16 m0 = cols >= 16 ? 0xFFFF : (__mmask16)((1u << cols) - 1);
     __mmask16 m1 = cols >= 32 ? 0xFFFF : cols <= 16 ? 0 : (__mmask16)((1u << (cols - 16)) - 1);
+    __m512 col0 = _mm512_setzero_ps(), col1 = _mm512_setzero_ps();
+    if (e->col_bias) {
+        col0 = _mm512_maskz_loadu_ps(m0, e->col_bias);
+        col1 = _mm512_maskz_loadu_ps(m1, e->col_bias + 16);
+    }
 #pragma GCC unroll 12
     for (int r = 0; r < OMRT_PANEL; r++) {
         if (r < rows) {
             __m512 add = _mm512_set1_ps(e->bias ? e->bias[r] : 0.0f);
-            _mm512_mask_storeu_ps(c + r * ldc, m0, omrt_act16(_mm512_add_ps(acc[r][0], add), e));
-            _mm512_mask_storeu_ps(c + r * ldc + 16, m1, omrt_act16(_mm512_add_ps(acc[r][1], add), e));
+            _mm512_mask_storeu_ps(c + r * ldc, m0,
+                                  omrt_act16(_mm512_add_ps(acc[r][0], _mm512_add_ps(add, col0)), e));
+            _mm512_mask_storeu_ps(c + r * ldc + 16, m1,
+                                  omrt_act16(_mm512_add_ps(acc[r][1], _mm512_add_ps(add, col1)), e));
         }
     }
 }
@@ -120,14 +129,14 @@ OMRT_AVX2 static inline __m256i omrt_lanes8(int64_t n) {
 }
 
 /* The AVX2 tile: 6 rows x 16 columns, accumulators in 12 registers. */
-OMRT_AVX2 static void omrt_tile_avx2(int64_t K, const float *a, int64_t aks, const float *b, int64_t nr,
-                                     float *c, int64_t ldc, int64_t rows, int64_t cols, const omrt_epilogue *e) {
-    (void)nr;
+OMRT_AVX2 static inline void omrt_tile_avx2(int64_t K, const float *a, int64_t aks, const float *b, int64_t bks,
+                                            float *c, int64_t ldc, int64_t rows, int64_t cols,
+                                            const omrt_epilogue *e) {
     __m256 acc[6][2];
 #pragma GCC unroll 6
     for (int r = 0; r < 6; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
     for (int64_t k = 0; k < K; k++) {
-        __m256 b0 = _mm256_loadu_ps(b + 16 * k), b1 = _mm256_loadu_ps(b + 16 * k + 8);
+        __m256 b0 = _mm256_loadu_ps(b + bks * k), b1 = _mm256_loadu_ps(b + bks * k + 8);
         const float *ak = a + k * aks;
 #pragma GCC unroll 6
         for (int r = 0; r < 6; r++) {
@@ -137,12 +146,19 @@ OMRT_AVX2 static void omrt_tile_avx2(int64_t K, const float *a, int64_t aks, con
         }
     }
     __m256i m0 = omrt_lanes8(cols > 8 ? 8 : cols), m1 = omrt_lanes8(cols > 16 ? 8 : cols > 8 ? cols - 8 : 0);
+    __m256 col0 = _mm256_setzero_ps(), col1 = _mm256_setzero_ps();
+    if (e->col_bias) {
+        col0 = _mm256_maskload_ps(e->col_bias, m0);
+        col1 = _mm256_maskload_ps(e->col_bias + 8, m1);
+    }
 #pragma GCC unroll 6
     for (int r = 0; r < 6; r++) {
         if (r < rows) {
             __m256 add = _mm256_set1_ps(e->bias ? e->bias[r] : 0.0f);
-            _mm256_maskstore_ps(c + r * ldc, m0, omrt_act8(_mm256_add_ps(acc[r][0], add), e));
-            _mm256_maskstore_ps(c + r * ldc + 8, m1, omrt_act8(_mm256_add_ps(acc[r][1], add), e));
+            _mm256_maskstore_ps(c + r * ldc, m0,
+                                omrt_act8(_mm256_add_ps(acc[r][0], _mm256_add_ps(add, col0)), e));
+            _mm256_maskstore_ps(c + r * ldc + 8, m1,
+                                omrt_act8(_mm256_add_ps(acc[r][1], _mm256_add_ps(add, col1)), e));
         }
     }
 }
@@ -158,7 +174,7 @@ typedef struct {
 
 /* The widest tile this CPU runs: 2 AVX-512, 1 AVX2 and FMA, 0 plain C; OMRT_GEMM_TILE=avx2 or
  * =c in the environment caps it (to test the narrower tiles on a wider CPU). */
-static int omrt_gemm_level(void) {
+static inline int omrt_gemm_level(void) {
     int level = 0;
 #ifdef OMRT_X86
     __builtin_cpu_init();
@@ -183,7 +199,7 @@ static inline omrt_gemm_kind omrt_gemm_pick(void) {
 
 /* Columns [p, p + w) of b (K rows, pitch ldb) as strips of nr columns, K x nr each, one after
  * another in `block`, zero past column w. Each row of b is read once, front to back. */
-static void omrt_pack_strips(const float *b, int64_t ldb, int64_t K, int64_t w, int64_t nr, float *block) {
+static inline void omrt_pack_strips(const float *b, int64_t ldb, int64_t K, int64_t w, int64_t nr, float *block) {
     const int64_t strips = (w + nr - 1) / nr;
     for (int64_t k = 0; k < K; k++) {
         const float *row = b + k * ldb;
@@ -205,23 +221,52 @@ static void omrt_pack_strips(const float *b, int64_t ldb, int64_t K, int64_t w, 
  * indexed from row 0) and activation applied. b is copied `block` columns at a time (a multiple
  * of OMRT_MAX_NR) into `scratch` (K * block floats), and each panel is multiplied by every strip
  * of the block while it is in L1. */
-static void omrt_panel_gemm(const float *panels, int64_t K, int64_t m0, int64_t m1, const float *b, int64_t ldb,
-                            int64_t n, float *c, int64_t ldc, const omrt_epilogue *e, float *scratch,
-                            int64_t block) {
+static inline void omrt_panel_gemm(const float *panels, int64_t K, int64_t m0, int64_t m1, const float *b,
+                                   int64_t ldb, int64_t n, float *c, int64_t ldc, const omrt_epilogue *e,
+                                   float *scratch, int64_t block) {
     const omrt_gemm_kind kind = omrt_gemm_pick();
     for (int64_t p = 0; p < n; p += block) {
         const int64_t w = n - p < block ? n - p : block;
         omrt_pack_strips(b + p, ldb, K, w, kind.nr, scratch);
         for (int64_t m = m0; m < m1; m += kind.rows) {
-            omrt_epilogue at = {e->bias ? e->bias + m : NULL, e->act, e->alpha, e->beta};
+            omrt_epilogue at = {e->bias ? e->bias + m : NULL, NULL, e->act, e->alpha, e->beta};
             const float *a = panels + m / OMRT_PANEL * K * OMRT_PANEL + m % OMRT_PANEL;
             const int64_t rows = m1 - m < kind.rows ? m1 - m : kind.rows;
             for (int64_t s = 0; s * kind.nr < w; s++) {
                 const int64_t cols = w - s * kind.nr < kind.nr ? w - s * kind.nr : kind.nr;
-                kind.tile(K, a, OMRT_PANEL, scratch + s * K * kind.nr, kind.nr, c + (m - m0) * ldc + p + s * kind.nr,
-                          ldc, rows, cols, &at);
+                kind.tile(K, a, OMRT_PANEL, scratch + s * K * kind.nr, kind.nr,
+                          c + (m - m0) * ldc + p + s * kind.nr, ldc, rows, cols, &at);
             }
         }
+    }
+}
+
+/* Rows [r0, r0 + OMRT_PANEL) of a (M x K, pitch lda) as a panel: element [k, r] = a[r0 + r, k],
+ * zero for rows past M. */
+static inline void omrt_pack_rows(const float *a, int64_t lda, int64_t M, int64_t K, int64_t r0, float *panel) {
+    for (int64_t r = 0; r < OMRT_PANEL; r++) {
+        if (r0 + r < M) {
+            const float *row = a + (r0 + r) * lda;
+            for (int64_t k = 0; k < K; k++) panel[k * OMRT_PANEL + r] = row[k];
+        } else {
+            for (int64_t k = 0; k < K; k++) panel[k * OMRT_PANEL + r] = 0.0f;
+        }
+    }
+}
+
+/* c rows [r0, r0 + OMRT_PANEL) clipped to M, columns of strip s (OMRT_MAX_NR wide, clipped to N) =
+ * the row panel times strip s of the packed weights (K x OMRT_MAX_NR each), column bias and
+ * activation applied. */
+static inline void omrt_strip_tile(const float *panel, const float *strips, int64_t s, int64_t K, int64_t M,
+                                   int64_t N, int64_t r0, float *c, int64_t ldc, const omrt_epilogue *e) {
+    const omrt_gemm_kind kind = omrt_gemm_pick();
+    const float *b = strips + s * K * OMRT_MAX_NR;
+    for (int64_t half = 0; half * kind.nr < OMRT_MAX_NR && s * OMRT_MAX_NR + half * kind.nr < N; half++) {
+        const int64_t c0 = s * OMRT_MAX_NR + half * kind.nr, cols = N - c0 < kind.nr ? N - c0 : kind.nr;
+        omrt_epilogue at = {NULL, e->col_bias ? e->col_bias + c0 : NULL, e->act, e->alpha, e->beta};
+        for (int64_t r = 0; r < OMRT_PANEL && r0 + r < M; r += kind.rows)
+            kind.tile(K, panel + r, OMRT_PANEL, b + half * kind.nr, OMRT_MAX_NR, c + (r0 + r) * ldc + c0, ldc,
+                      M - r0 - r < kind.rows ? M - r0 - r : kind.rows, cols, &at);
     }
 }
 
