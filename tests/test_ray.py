@@ -44,7 +44,8 @@ def pair_model():
     nodes = [helper.make_node("MatMul", ["x", "W"], ["h"]), helper.make_node("Add", ["h", "b"], ["hb"]),
              helper.make_node("Relu", ["hb"], ["y"]), helper.make_node("Cast", ["m"], ["mf"], to=f),
              helper.make_node("Mul", ["y", "mf"], ["z"])]
-    return _model(nodes, [helper.make_tensor_value_info("x", f, ["N", 8]), helper.make_tensor_value_info("m", u, ["N", 4])],
+    return _model(nodes, [helper.make_tensor_value_info("x", f, ["N", 8]),
+                          helper.make_tensor_value_info("m", u, ["N", 4])],
                   [helper.make_tensor_value_info("y", f, ["N", 4]), helper.make_tensor_value_info("z", f, ["N", 4])],
                   {"W": PAIR_W, "b": PAIR_B})
 
@@ -68,7 +69,8 @@ def wide_model():
     """x float32 [N,1024] -> Relu(x @ W), W 1024x4096."""
     f = TensorProto.FLOAT
     return _model([helper.make_node("MatMul", ["x", "W"], ["h"]), helper.make_node("Relu", ["h"], ["y"])],
-                  [helper.make_tensor_value_info("x", f, ["N", 1024])], [helper.make_tensor_value_info("y", f, ["N", 4096])],
+                  [helper.make_tensor_value_info("x", f, ["N", 1024])],
+                  [helper.make_tensor_value_info("y", f, ["N", 4096])],
                   {"W": WIDE_W})
 
 
@@ -360,4 +362,5 @@ def test_serve_tells_metadata_health_and_unknown_routes(served):
     assert status == 404 and "this replica serves POST /v2/models/img/infer" in json.loads(body)["error"]
     request = {**json.loads(kserve()), "outputs": [{"name": "logits"}]}
     status, _, body = _post(f"{served}/v2/models/img/infer", json.dumps(request).encode(), "application/json")
-    assert status == 400 and "\"outputs\" asks for ['logits']; the model's outputs are ['y', 'k']" in json.loads(body)["error"]
+    assert status == 400
+    assert "\"outputs\" asks for ['logits']; the model's outputs are ['y', 'k']" in json.loads(body)["error"]
