@@ -124,3 +124,29 @@ def test_loading_and_running_an_unsigned_model_imports_only_numpy(mlp_om, tmp_pa
     out = subprocess.run([sys.executable, "-c", LOAD_AND_RUN, mlp_om], capture_output=True, text=True, env=env)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["numpy", "omrt"]
+
+
+OPTIONAL = {"omrt.ray": ("ray", "omrt[ray]")}
+"""Modules of optional features: the package each needs, and what installs it."""
+
+
+def test_no_module_imports_an_optional_feature():
+    for module in MODULES:
+        reached = _internal(_imports(module, lazy=True), module) & set(OPTIONAL)
+        assert not reached, f"{module} imports {reached}: optional features are imported only by their users"
+
+
+@pytest.mark.parametrize("module", sorted(OPTIONAL))
+def test_an_optional_feature_without_its_dependency_says_what_to_install(module):
+    dependency, extra = OPTIONAL[module]
+    block = ("import sys\n"
+             "class Block:\n"
+             "    def find_spec(self, name, path=None, target=None):\n"
+             f"        if name.split('.')[0] == {dependency!r}:\n"
+             "            raise ImportError('blocked: ' + name)\n"
+             "sys.meta_path.insert(0, Block())\n"
+             f"import {module}\n")
+    env = {**os.environ, "PYTHONPATH": str(ROOT.parent) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    out = subprocess.run([sys.executable, "-c", block], capture_output=True, text=True, env=env)
+    last = out.stderr.strip().splitlines()[-1]
+    assert out.returncode == 1 and last.startswith("ImportError: ") and last.endswith(f"pip install {extra}"), last

@@ -15,12 +15,20 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 README = open(os.path.join(ROOT, "README.md")).read()
 
 
-def _run_python_blocks(text: str, name: str) -> None:
-    """Run every ```python block of a document, in order, in one namespace. Each block's source is
-    known to `linecache` under a name of its own, as a script's is: functions a block defines can
-    be packed as custom operators (their source is read with `inspect.getsource`)."""
+def _needs_ray(code: str) -> bool:
+    """Whether a block uses omrt.ray: those run only where Ray is installed (`omrt[ray]`)."""
+    return "omrt.ray" in code
+
+
+def _run_python_blocks(text: str, name: str, ray: bool = False) -> None:
+    """Run every ```python block of a document that uses omrt.ray (`ray`) or does not, in order, in
+    one namespace. Each block's source is known to `linecache` under a name of its own, as a
+    script's is: functions a block defines can be packed as custom operators (their source is read
+    with `inspect.getsource`)."""
     namespace: dict = {}
     for i, code in enumerate(re.findall(r"```python\n(.*?)```", text, re.S)):
+        if _needs_ray(code) != ray:
+            continue
         filename = f"<{name}, block {i + 1}>"
         linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
         exec(compile(code, filename, "exec"), namespace)
@@ -30,6 +38,28 @@ def test_python_examples_run(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     _run_python_blocks(README, "README.md")
     assert (tmp_path / "squeezenet.om").exists()
+
+
+def test_ray_examples_run(tmp_path, monkeypatch):
+    """The README's Ray example and docs/ray.md, each on a local Ray of its own (RAY_ADDRESS=local:
+    never a cluster another process started), which each shuts down."""
+    pytest.importorskip("ray", reason="the Ray examples need Ray (pip install omrt[ray]); CI installs it")
+    import ray
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("RAY_ADDRESS", "local")
+    guide = open(os.path.join(ROOT, "docs", "ray.md")).read()
+    assert all(_needs_ray(code) for code in re.findall(r"```python\n(.*?)```", guide, re.S))
+    try:
+        _run_python_blocks(README, "README.md", ray=True)
+        _run_python_blocks(guide, "docs/ray.md", ray=True)
+    finally:
+        if ray.is_initialized():
+            from ray import serve
+
+            serve.shutdown()
+            ray.shutdown()
+    assert not ray.is_initialized()
 
 
 def test_memory_guide_examples_run(tmp_path, monkeypatch):
