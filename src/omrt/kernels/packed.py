@@ -35,6 +35,11 @@ BLOCK_FLOATS = 8192
 """Floats of columns the GEMM copies at a time, per thread: 32 KiB, about an L1 data cache."""
 
 
+MIN_POSITIONS = 16
+"""Layers with fewer output positions per image run as Convs through BLAS: the tile's strip of 32
+columns would be mostly padding (a squeeze-excite 1x1 layer has one position)."""
+
+
 def block_columns(taps: int) -> int:
     """Columns the GEMM copies at a time for `taps` rows: a multiple of STRIP, 1 to 8 strips."""
     return max(STRIP, min(8 * STRIP, BLOCK_FLOATS // taps // STRIP * STRIP))
@@ -96,7 +101,8 @@ class PackedConv(Conv):
         Call it with (x, panels, bias, y, work, strips, step, buffer, block, threads)."""
         fn = ctx.native.get(PCONV2D) if self._native_2d(ctx, x) else None
         act = activation_code(ctx.attrs)
-        if fn is None or act is None or (gemm_tile(ctx.native) == 0 and self.native_conv is not None):
+        if fn is None or act is None or math.prod(self.win.out) < MIN_POSITIONS or (
+                gemm_tile(ctx.native) == 0 and self.native_conv is not None):
             return None
         win = self.win
         return fn.partial(*x.shape, self.filters, *win.out, *win.kernel, *win.strides, *win.dilations,
