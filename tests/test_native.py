@@ -94,7 +94,7 @@ def test_untrusted_kernels_do_not_run_and_say_how_to_trust(cnn_om):
     trusted = omrt.load(cnn_om, trust_kernels=True)
     assert trusted.kernels[0].status == "loaded" and trusted.native is not None
     depthwise, dense = (k for k in trusted.default.kernels if type(k).__name__ in ("Conv", "PackedConv"))
-    assert depthwise.native_depthwise is not None and dense.native_packed is not None
+    assert depthwise.native_depthwise is not None and dense.native_conv is not None  # 3x3 positions: not packed
     want = reference(x)
     for model in (plain, trusted):
         np.testing.assert_allclose(model.session().run({"x": x})["y"], want, rtol=1e-5, atol=1e-5)

@@ -77,12 +77,12 @@ def _uses_native(op_type: str, x: np.ndarray, w: np.ndarray | None, attrs: dict,
 
 
 @st.composite
-def windows(draw, max_kernel: int = 4):
+def windows(draw, max_kernel: int = 4, max_size: int = 12):
     kh, kw = draw(st.integers(1, max_kernel)), draw(st.integers(1, max_kernel))
     sh, sw = draw(st.integers(1, 3)), draw(st.integers(1, 3))
     pads = [draw(st.integers(0, k - 1)) for k in (kh, kw, kh, kw)]
-    h = draw(st.integers(kh, 12))
-    w = draw(st.integers(kw, 12))
+    h = draw(st.integers(kh, max_size))
+    w = draw(st.integers(kw, max_size))
     return {"kernel_shape": [kh, kw], "strides": [sh, sw], "pads": pads}, (h, w)
 
 
@@ -130,15 +130,16 @@ def test_max_pool_propagates_nan_like_numpy(native, stride, nans):
 
 @pytest.mark.parametrize("threads", [1, 2], indirect=True)
 @SETTINGS
-@given(windows(5), st.integers(1, 2), st.sampled_from([None, "Relu", "Clip", "LeakyRelu"]),
-       st.integers(1, 2), st.booleans())
-def test_depthwise_conv_matches_numpy_path(native, threads, window, dilation, act, mult, bias):
+@given(windows(5, 40), st.integers(1, 2), st.sampled_from([None, "Relu", "Clip", "LeakyRelu"]),
+       st.integers(1, 2), st.booleans(), st.sampled_from([3, 20]))
+def test_depthwise_conv_matches_numpy_path(native, threads, window, dilation, act, mult, bias, channels):
+    """Narrow planes (under 16 output columns) go 16 channels at a time, 20 channels making a
+    full block and a partial one; wide planes go plane by plane."""
     attrs, (h, w) = window
     kh, kw = attrs["kernel_shape"]
     if (kh - 1) * dilation + 1 > h + attrs["pads"][0] + attrs["pads"][2] or \
             (kw - 1) * dilation + 1 > w + attrs["pads"][1] + attrs["pads"][3]:
         return
-    channels = 3
     attrs = {**attrs, "dilations": [dilation, dilation], "group": channels}
     x = randn(2, channels, h, w)
     weight = randn(channels * mult, 1, kh, kw)

@@ -22,6 +22,17 @@ from .base import FUSED_ACTIVATIONS, Dim, Kernel, OpContext, TensorInfo, apply_a
 from .window import (_Chunk, _chunks, _plan_chunks, _row_chunks, plane_scratch, sliding_window,
                      strided_columns, window_of)
 
+DEPTHWISE_LANES = 16
+"""Channels the native depthwise loop computes at once (csrc/conv.c, DW_LANES)."""
+
+DEPTHWISE_WIDE_PLANE = 16
+"""Depthwise layers with at least this many output columns run plane by plane (csrc/conv.c,
+DW_WIDE_PLANE): their rows fill vectors; narrower ones interleave 16 channels per vector."""
+
+DEPTHWISE_BAND_BYTES = 1 << 17
+"""Scratch per thread of the native depthwise loop: it works in bands of output rows whose
+interleaved input and output stay in L2."""
+
 STRIDED_TAPS = 16
 """Strided layers with at least this many taps gather each chunk with one copy from a strided view
 of the zero-padded image (in the workspace) instead of one copy per tap: 2x faster on the 7x7 and
@@ -156,15 +167,27 @@ class Conv(Kernel):
             self.workspace_bytes = self.pad_bytes + max(min(t, parallel.MAX_SLOTS) * self._layout(t)[1]
                                                         for t in range(1, parallel.MAX_SLOTS + 1))
             self._split(1)
-        self.plane_bytes = self._plane_bytes(x, channels)
-        self.workspace_bytes = max(self.workspace_bytes, parallel.MAX_SLOTS * self.plane_bytes)
+        self.band, self.band_bytes = self._band(x, channels)
+        self.workspace_bytes = max(self.workspace_bytes, parallel.MAX_SLOTS * self.band_bytes)
 
-    def _plane_bytes(self, x: TensorInfo, channels: int) -> int:
-        """Bytes of scratch per thread of the native depthwise loop: planned whether or not the
-        model will have that loop, so that plans do not depend on it."""
+    def _band(self, x: TensorInfo, channels: int) -> tuple[int, int]:
+        """(output rows, bytes of scratch) per item of the native depthwise loop. Narrow planes go
+        16 channels at a time (csrc/conv.c, block_part) in bands of as many output rows as keep the
+        scratch under DEPTHWISE_BAND_BYTES; wide ones plane by plane, a stride-1 layer padding
+        each in the scratch. Planned whether or not the model will have that loop, so that plans
+        do not depend on it."""
         if self.group != channels or x.rank != 4 or x.dtype != np.float32:
-            return 0
-        return plane_scratch(self.win)
+            return 0, 0
+        (oh, ow), (kh, kw), (sh, sw), (dh, dw) = self.win.out, self.win.kernel, self.win.strides, self.win.dilations
+        if ow >= DEPTHWISE_WIDE_PLANE:
+            return oh, plane_scratch(self.win)
+        wide = (ow - 1) * sw + (kw - 1) * dw + 1
+
+        def floats(rows: int) -> int:
+            return DEPTHWISE_LANES * (kh * kw + ((rows - 1) * sh + (kh - 1) * dh + 1) * wide + rows * ow)
+
+        band = max(1, min(oh, next((r for r in range(oh, 0, -1) if 4 * floats(r) <= DEPTHWISE_BAND_BYTES), 1)))
+        return band, align(4 * floats(band))
 
     def _native_2d(self, ctx: OpContext, x: TensorInfo) -> bool:
         """Whether the native loops can take this layer: 2-d, float32 data and filters."""
@@ -173,7 +196,7 @@ class Conv(Kernel):
 
     def _depthwise(self, ctx: OpContext, x: TensorInfo, channels: int, filters: int) -> Callable | None:
         """The native loop of a 2-d float32 depthwise layer, its geometry bound, when the model has
-        it; else None. Call it with (x, w, bias, y, scratch, pitch, threads)."""
+        it; else None. Call it with (x, w, bias, y, scratch, pitch, band, threads)."""
         act = activation_code(ctx.attrs)
         fn = ctx.native.get(DWCONV2D) if self._native_2d(ctx, x) else None
         if fn is None or self.group != channels or act is None:
@@ -294,7 +317,7 @@ class Conv(Kernel):
         strided layer reads stride^2 times more than it writes (a 5x5 stride-2 layer on 288 planes
         of 14x14 ran 1.5-1.8x faster on two threads, though its output is below the threshold)."""
         threads = parallel.native_threads(nbytes=max(x.nbytes, y.nbytes), slots=parallel.MAX_SLOTS)
-        self.native_depthwise(x, w, b, y, workspace, self.plane_bytes // 4, threads)
+        self.native_depthwise(x, w, b, y, workspace, self.band_bytes // 4, self.band, threads)
 
     def _run_native(self, x: np.ndarray, w: np.ndarray, b: np.ndarray | None, y: np.ndarray,
                     workspace: np.ndarray | None) -> None:

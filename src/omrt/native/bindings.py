@@ -44,11 +44,16 @@ DWCONV2D = Function(
     "conv", "omrt_dwconv2d_f32",
     (Array("x", "N * (M // mult) * H * W"), Array("w", "M * KH * KW"), Array("bias", "M", optional=True),
      Array("y", "N * M * OH * OW", write=True),
-     Array("scratch", "pitch * min(threads, N * M) if SH == 1 and SW == 1 else 0", write=True, scratch=True),
-     Int("pitch"), Int("threads", 1), Int("N"), Int("M"), Int("mult", 1), Int("H"), Int("W"), Int("OH"), Int("OW"),
-     *_window(), *_ACT),
+     Array("scratch", "pitch * min(threads, N * M if OW >= 16 else N * -(-M // 16) * -(-OH // band)) "
+                      "if OW < 16 or (SH == 1 and SW == 1) else 0", write=True, scratch=True),
+     Int("pitch"), Int("band", 1), Int("threads", 1), Int("N"), Int("M"), Int("mult", 1), Int("H"), Int("W"),
+     Int("OH"), Int("OW"), *_window(), *_ACT),
+    derived=(("wide", "(OW - 1) * SW + (KW - 1) * DW + 1"), ("rows", "(min(band, OH) - 1) * SH + (KH - 1) * DH + 1")),
     requires=("M % mult == 0", _TAPS, _ACT_KNOWN,
-              f"SH != 1 or SW != 1 or pitch >= {_PADDED_PLANE} + (KW - 1) * DW"))
+              f"OW < 16 or SH != 1 or SW != 1 or pitch >= {_PADDED_PLANE} + (KW - 1) * DW",
+              "OW >= 16 or pitch >= 16 * (KH * KW + rows * wide + min(band, OH) * OW)"))
+"""Depthwise layers: planes of 16 or more output columns one by one (stride 1 on a padded plane
+in the scratch), narrower ones 16 channels at a time in bands of `band` output rows."""
 
 IM2COL2D = Function(
     "conv", "omrt_im2col_f32",

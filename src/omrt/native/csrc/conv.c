@@ -47,18 +47,29 @@ static inline void plane_strided(const float *xp, const float *wp, float b, floa
     }
 }
 
+/* Layers of narrow planes (fewer than DW_WIDE_PLANE output columns) run 16 channels at a time,
+ * one vector lane each: a band of output rows of 16 planes is copied, zero-padded, into scratch
+ * with the channels interleaved, every output pixel is then one vector per tap (a 7x7 plane with
+ * a 5x5 window keeps all 16 lanes busy, where a loop along the plane's rows would not), and the
+ * band is copied back into the 16 output planes. Wider planes run plane by plane (above): their
+ * rows are long enough for vectors, and interleaving would cost more than the taps. */
+#define DW_WIDE_PLANE 16
+#define DW_LANES 16
+typedef float dw_vec __attribute__((vector_size(DW_LANES * sizeof(float)), aligned(4)));
+
 typedef struct {
     const float *x, *w, *bias;
     float *y, *scratch;
-    int64_t Q, parts, pitch, M, mult, H, W, OH, OW, KH, KW, SH, SW, DH, DW, PT, PL, act;
+    int64_t pitch, band, bands, blocks, parts, N, M, mult, H, W, OH, OW, KH, KW, SH, SW, DH, DW, PT, PL, act;
     float alpha, beta;
 } dw_job;
 
-static OMRT_HOT void dw_part(void *p, int64_t item, int64_t thread) {
+/* Planes [part starts, next part starts) of the N x M, one by one (wide planes). */
+static void plane_part(void *p, int64_t item, int64_t thread) {
     const dw_job *j = p;
     int64_t lo[j->KW], hi[j->KW];
     for (int64_t kw = 0; kw < j->KW; kw++) omrt_span(kw * j->DW - j->PL, j->W, j->SW, j->OW, &lo[kw], &hi[kw]);
-    for (int64_t q = omrt_part(j->Q, j->parts, item); q < omrt_part(j->Q, j->parts, item + 1); q++) {
+    for (int64_t q = omrt_part(j->N * j->M, j->parts, item); q < omrt_part(j->N * j->M, j->parts, item + 1); q++) {
         int64_t n = q / j->M, m = q % j->M;
         const float *xp = j->x + (n * (j->M / j->mult) + m / j->mult) * j->H * j->W;
         float *yp = j->y + q * j->OH * j->OW;
@@ -73,18 +84,79 @@ static OMRT_HOT void dw_part(void *p, int64_t item, int64_t thread) {
     }
 }
 
+/* The padded input rows [i0, i0 + rows) of the block's planes, `wide` columns from -PL, lanes
+ * interleaved; lanes past the last channel and pixels outside the image are zero. */
+static void dw_gather(const dw_job *j, int64_t n, int64_t c0, int64_t lanes, int64_t i0, int64_t rows, int64_t wide,
+                      float *in) {
+    for (int64_t i = 0; i < rows * wide * DW_LANES; i++) in[i] = 0.0f;
+    for (int64_t l = 0; l < lanes; l++) {
+        const float *plane = j->x + (n * (j->M / j->mult) + (c0 + l) / j->mult) * j->H * j->W;
+        for (int64_t r = 0; r < rows; r++) {
+            const int64_t ih = i0 + r;
+            if (ih < 0 || ih >= j->H) continue;
+            const int64_t lo = j->PL > 0 ? j->PL : 0, hi = j->W + j->PL < wide ? j->W + j->PL : wide;
+            for (int64_t col = lo; col < hi; col++) in[(r * wide + col) * DW_LANES + l] = plane[ih * j->W + col - j->PL];
+        }
+    }
+}
+
+/* Output rows [o0, o1) of the block from the gathered rows, lanes interleaved, bias included. */
+static OMRT_HOT void dw_compute(const dw_job *j, const float *in, int64_t wide, const float *tap,
+                                const float *bias, int64_t o0, int64_t o1, float *out) {
+    const dw_vec *taps = (const dw_vec *)tap;
+    for (int64_t oh = o0; oh < o1; oh++)
+        for (int64_t ow = 0; ow < j->OW; ow++) {
+            dw_vec acc = *(const dw_vec *)bias;
+            const float *at = in + (((oh - o0) * j->SH) * wide + ow * j->SW) * DW_LANES;
+            for (int64_t kh = 0; kh < j->KH; kh++)
+                for (int64_t kw = 0; kw < j->KW; kw++)
+                    acc += taps[kh * j->KW + kw] * *(const dw_vec *)(at + (kh * j->DH * wide + kw * j->DW) * DW_LANES);
+            *(dw_vec *)(out + ((oh - o0) * j->OW + ow) * DW_LANES) = acc;
+        }
+}
+
+/* Item (image, block of 16 channels, band of output rows) on the thread's scratch (narrow planes). */
+static void block_part(void *p, int64_t item, int64_t thread) {
+    const dw_job *j = p;
+    const int64_t band = item % j->bands, block = item / j->bands % j->blocks, n = item / j->bands / j->blocks;
+    const int64_t c0 = block * DW_LANES, lanes = j->M - c0 < DW_LANES ? j->M - c0 : DW_LANES;
+    const int64_t o0 = band * j->band, o1 = o0 + j->band < j->OH ? o0 + j->band : j->OH;
+    const int64_t rows = (o1 - o0 - 1) * j->SH + (j->KH - 1) * j->DH + 1;
+    const int64_t wide = (j->OW - 1) * j->SW + (j->KW - 1) * j->DW + 1, taps = j->KH * j->KW;
+    float *tap = j->scratch + thread * j->pitch, *in = tap + taps * DW_LANES, *out = in + rows * wide * DW_LANES;
+    float bias[DW_LANES] = {0};
+    for (int64_t l = 0; l < DW_LANES; l++) {
+        for (int64_t t = 0; t < taps; t++) tap[t * DW_LANES + l] = l < lanes ? j->w[(c0 + l) * taps + t] : 0.0f;
+        if (j->bias && l < lanes) bias[l] = j->bias[c0 + l];
+    }
+    dw_gather(j, n, c0, lanes, o0 * j->SH - j->PT, rows, wide, in);
+    dw_compute(j, in, wide, tap, bias, o0, o1, out);
+    const int64_t count = (o1 - o0) * j->OW;
+    for (int64_t l = 0; l < lanes; l++) {
+        float *plane = j->y + (n * j->M + c0 + l) * j->OH * j->OW + o0 * j->OW;
+        for (int64_t i = 0; i < count; i++) plane[i] = out[i * DW_LANES + l];
+        omrt_activate(plane, count, j->act, j->alpha, j->beta);
+    }
+}
+
 /* y (N x M planes of OH x OW): plane (n, m) reads input plane (n, m / mult) of x (N x M/mult
  * planes of H x W) with filter w[m] (KH x KW), adds bias[m] (when bias is not NULL) and applies
- * the fused activation `act`; the planes are split over `threads` threads. Stride-1 layers need
- * `scratch` for one padded plane per thread, `pitch` floats apart (see omrt_pad_plane). */
+ * the fused activation `act`, over `threads` threads, each with `pitch` floats of scratch. Wide
+ * planes go plane by plane (stride-1 layers pad each into the scratch, see omrt_pad_plane);
+ * narrow ones in items of 16 channels by `band` output rows (see block_part). */
 OMRT_EXPORT void omrt_dwconv2d_f32(const float *x, const float *w, const float *bias, float *y, float *scratch,
-                                   int64_t pitch, int64_t threads, int64_t N, int64_t M, int64_t mult, int64_t H,
-                                   int64_t W, int64_t OH, int64_t OW, int64_t KH, int64_t KW, int64_t SH, int64_t SW,
-                                   int64_t DH, int64_t DW, int64_t PT, int64_t PL, int64_t act, float alpha,
-                                   float beta) {
-    dw_job j = {x, w, bias, y, scratch, N * M, threads < N * M ? threads : N * M, pitch, M, mult, H, W, OH, OW,
-                KH, KW, SH, SW, DH, DW, PT, PL, act, alpha, beta};
-    omrt_parallel(dw_part, &j, j.parts, threads);
+                                   int64_t pitch, int64_t band, int64_t threads, int64_t N, int64_t M, int64_t mult,
+                                   int64_t H, int64_t W, int64_t OH, int64_t OW, int64_t KH, int64_t KW, int64_t SH,
+                                   int64_t SW, int64_t DH, int64_t DW, int64_t PT, int64_t PL, int64_t act,
+                                   float alpha, float beta) {
+    dw_job j = {x, w, bias, y, scratch, pitch, band, (OH + band - 1) / band, (M + DW_LANES - 1) / DW_LANES, 0, N, M,
+                mult, H, W, OH, OW, KH, KW, SH, SW, DH, DW, PT, PL, act, alpha, beta};
+    if (OW >= DW_WIDE_PLANE) {
+        j.parts = threads < N * M ? threads : N * M;
+        omrt_parallel(plane_part, &j, j.parts, threads);
+    } else {
+        omrt_parallel(block_part, &j, N * j.blocks * j.bands, threads);
+    }
 }
 
 /* The im2col columns of output rows [r0, r1) of one image x (C x H x W): row (c, kh, kw) of
