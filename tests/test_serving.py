@@ -248,7 +248,7 @@ def raw(sock: Path) -> socket.socket:
 
 def ask(s: socket.socket, kind: int, meta, arrays=(), fds=()) -> protocol.Message | None:
     protocol.send(s, kind, 7, meta, arrays, fds)
-    return protocol.receive(s, 1 << 30, wait=10)
+    return protocol.receive(s, 1 << 30)
 
 
 def error_of(answer: protocol.Message | None) -> tuple[str, str]:
@@ -308,8 +308,8 @@ def test_misbehaving_clients_get_an_error_or_are_dropped_and_nothing_leaks(model
                            (header(data_len=1 << 31), "exceeds the limit of 1073741824")):
             with raw(sock) as s:
                 s.sendall(bad)
-                assert words in error_of(protocol.receive(s, 1 << 20, wait=10))[1]
-                assert protocol.receive(s, 1 << 20, wait=10) is None
+                assert words in error_of(protocol.receive(s, 1 << 20))[1]
+                assert protocol.receive(s, 1 << 20) is None
         with raw(sock) as s:   # wrong sizes, types and names: answered, and the connection goes on
             cases = [
                 (x_ref(data=0), "ServingError", "needs bytes 0..1024 of the data part, which holds 64"),
@@ -327,9 +327,9 @@ def test_misbehaving_clients_get_an_error_or_are_dropped_and_nothing_leaks(model
                 answer = ask(s, Kind.RUN, meta, [np.zeros(2, np.float32)])
                 assert error_of(answer)[0] == cls and words in answer.meta["message"], answer.meta
             protocol.send(s, 42, 1, {})
-            assert "kind 42 is not a request" in error_of(protocol.receive(s, 1 << 20, wait=10))[1]
+            assert "kind 42 is not a request" in error_of(protocol.receive(s, 1 << 20))[1]
             s.sendall(header(meta_len=3, kind=Kind.HEALTH) + b"{x]")
-            assert "not JSON" in error_of(protocol.receive(s, 1 << 20, wait=10))[1]
+            assert "not JSON" in error_of(protocol.receive(s, 1 << 20))[1]
         still_serving()
 
         still_serving()
@@ -391,7 +391,7 @@ def test_ten_thousand_fds_are_closed_and_the_server_goes_on(models, tmp_path):
                     protocol.send(s, kind, i, {"memories": [{"size": 4096}] * 250} if i % 2 else x_ref(data=0), (), fds)
                 finally:
                     protocol.close_all(fds)
-                cls, message = error_of(protocol.receive(s, 1 << 20, wait=10))
+                cls, message = error_of(protocol.receive(s, 1 << 20))
                 assert cls == "ServingError"
                 assert ("at most 16 fds; this one carried 250" if i % 2 else "only REGISTER carries fds") in message
             fds = [os.dup(memory.fd) for _ in range(16)]  # 4 x 16 registered: the limit of 64 per connection

@@ -286,10 +286,16 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     """Serve the model on a Unix socket until SIGTERM or SIGINT (see omrt.serving)."""
+    import contextlib
+    import resource
+
     import omrt
     from .serving import Options, Server
 
     omrt.set_num_threads(args.threads)
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    with contextlib.suppress(ValueError, OSError):  # each memory a client registers holds two fds here
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     options = Options(workers=args.workers, queue=args.queue, batch_window=args.batch_window / 1e3,
                       max_batch=args.max_batch)
     server = Server(args.model, args.socket, options, trust_kernels=args.trust_kernels)

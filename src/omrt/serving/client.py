@@ -138,7 +138,7 @@ class Client:
             request, self._next = self._next, self._next + 1
             try:
                 protocol.send(self._sock, kind, request, meta, arrays, fds)
-                answer = protocol.receive(self._sock, MAX_ANSWER, wait=self.timeout, timeout=self.timeout)
+                answer = protocol.receive(self._sock, MAX_ANSWER)   # each read within self.timeout
             except (OSError, Broken) as e:
                 self._drop()
                 raise ServingError(f"{kind.name} request to the server at {self.path} failed: {e}; the server "

@@ -5,6 +5,7 @@ the server or leak an fd or a mapping."""
 
 from __future__ import annotations
 
+import select
 import socket
 import threading
 import time
@@ -40,17 +41,20 @@ class Connection:
     def _serve(self) -> None:
         """Read and dispatch messages until the client closes, breaks the stream, or the server
         stops; then let go of everything the client registered."""
-        options = self.server.options
+        idle = select.poll()
+        idle.register(self.sock, select.POLLIN)
         try:
             while self.open:
+                idle.poll()  # as long as the client likes between messages; SO_RCVTIMEO bounds one message
                 try:
-                    message = protocol.receive(self.sock, options.max_data, timeout=options.message_timeout)
-                except Broken as e:
+                    message = protocol.receive(self.sock, self.server.options.max_data)
+                except (Broken, MemoryError) as e:  # the stream is lost (or the data part cannot be held)
                     self.fail_message(0, e)
                     break
                 if message is None:
                     break
                 self._dispatch(message)
+                del message  # its data part (tensors sent as bytes) is not held while the client idles
         finally:
             self.close()
             self.registry.close()

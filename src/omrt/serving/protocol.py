@@ -133,35 +133,31 @@ def _send_all(sock: socket.socket, parts: list[memoryview], ancillary: list) -> 
 _ANCILLARY = socket.CMSG_SPACE(FD_SLOTS * array.array("i").itemsize)
 
 
-def _read(sock: socket.socket, buffer: memoryview, fds: list[int], timeout: float | None) -> int:
+def _read(sock: socket.socket, buffer: memoryview, fds: list[int]) -> int:
     """Fill `buffer` from the socket, collecting any fds that arrive; the bytes read (fewer only
     when the peer closed)."""
     got = 0
     while got < len(buffer):
-        n, ancillary, flags, _ = sock.recvmsg_into([buffer[got:]], _ANCILLARY)
+        n, ancillary, _, _ = sock.recvmsg_into([buffer[got:]], _ANCILLARY)
         for level, kind, data in ancillary:
             if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
                 fds.extend(array.array("i", data[:len(data) - len(data) % 4]))
         if n == 0:
             return got
-        if got == 0 and timeout is not None:
-            sock.settimeout(timeout)  # a message has begun: the rest must follow within `timeout`
         got += n
     return got
 
 
-def receive(sock: socket.socket, max_data: int, wait: float | None = None,
-            timeout: float | None = None) -> Message | None:
-    """The next whole message, or None when the peer closed between messages. Waits `wait`
-    seconds (None: as long as it takes) for a message to begin, then at most `timeout` seconds
-    for each read of the rest.
-    Raises Broken when the header is not omrt's, a size exceeds its limit, or the peer stops
-    mid-message (every fd received is closed first)."""
+def receive(sock: socket.socket, max_data: int) -> Message | None:
+    """The next whole message, or None when the peer closed between messages. Each read waits
+    as long as the socket's own timeout lets it (`settimeout`, or SO_RCVTIMEO on a blocking
+    socket: the server's, so that a thread sending an answer on the same socket never sees its
+    blocking mode change). Raises Broken when the header is not omrt's, a size exceeds its
+    limit, or the peer stops mid-message (every fd received is closed first)."""
     fds: list[int] = []
     try:
-        sock.settimeout(wait)
         header = bytearray(HEADER_SIZE)
-        got = _read(sock, memoryview(header), fds, timeout)
+        got = _read(sock, memoryview(header), fds)
         if got == 0 and not fds:
             return None
         if got < HEADER_SIZE:
@@ -171,7 +167,7 @@ def receive(sock: socket.socket, max_data: int, wait: float | None = None,
         meta_bytes = bytearray(meta_len)
         data = aligned_empty(data_len)
         for part in (memoryview(meta_bytes), memoryview(data)):
-            if _read(sock, part, fds, timeout) < len(part):
+            if _read(sock, part, fds) < len(part):
                 raise Broken(f"the message ended before its {meta_len} bytes of meta and {data_len} bytes of data")
     except (OSError, Broken) as e:
         close_all(fds)

@@ -19,6 +19,7 @@ import socket
 import stat
 import struct
 import threading
+import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -76,9 +77,9 @@ class Server:
         self.draining = False
         self._connections: set[Connection] = set()
         self._lock = threading.Lock()
-        self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
-        self._listener, self._identity = _listen(self.path)
         self.workers = [Worker(self, i) for i in range(options.workers)]
+        self._listener, self._identity = _listen(self.path)
+        self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
         self._thread: threading.Thread | None = None
 
     # ------------------------------------------------------------------ running
@@ -88,11 +89,11 @@ class Server:
         for worker in self.workers:
             worker.start()
         previous = self._catch_signals()
+        events = select.poll()
+        for fd in (self._listener.fileno(), self._wake_r):
+            events.register(fd, select.POLLIN)
         try:
-            while True:
-                ready = select.select([self._listener, self._wake_r], [], [])[0]
-                if self._wake_r in ready:
-                    break
+            while not any(fd == self._wake_r for fd, _ in events.poll()):
                 self._accept()
         finally:
             self._drain()
@@ -110,13 +111,17 @@ class Server:
     def _accept(self) -> None:
         try:
             sock, _ = self._listener.accept()
-        except OSError:
+        except OSError:  # out of fds, say: the client is left waiting in the backlog for a moment
+            time.sleep(0.05)
             return
         refusal = self._refusal(sock)
         if refusal:
             sock.close()
             return
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, struct.pack("ll", int(self.options.message_timeout), 0))
+        timeout = self.options.message_timeout
+        timeval = struct.pack("ll", int(timeout), int(timeout % 1 * 1e6))
+        for option in (socket.SO_SNDTIMEO, socket.SO_RCVTIMEO):  # a blocking socket, bounded in the kernel
+            sock.setsockopt(socket.SOL_SOCKET, option, timeval)
         connection = Connection(sock, self)
         with self._lock:
             if len(self._connections) >= self.options.max_clients:
