@@ -109,34 +109,34 @@ class Server:
         return previous
 
     def _accept(self) -> None:
+        """Take one client and read it on a thread of its own; one of another user, or beyond
+        the limit of clients, is turned away."""
         try:
             sock, _ = self._listener.accept()
-        except OSError:  # out of fds, say: the client is left waiting in the backlog for a moment
+        except OSError:  # out of fds, say: the client waits in the backlog a moment
             time.sleep(0.05)
             return
-        refusal = self._refusal(sock)
-        if refusal:
+        if not _same_user(sock):
             sock.close()
             return
-        timeout = self.options.message_timeout
-        timeval = struct.pack("ll", int(timeout), int(timeout % 1 * 1e6))
+        timeval = struct.pack("ll", int(self.options.message_timeout), int(self.options.message_timeout % 1 * 1e6))
         for option in (socket.SO_SNDTIMEO, socket.SO_RCVTIMEO):  # a blocking socket, bounded in the kernel
             sock.setsockopt(socket.SOL_SOCKET, option, timeval)
         connection = Connection(sock, self)
         with self._lock:
-            if len(self._connections) >= self.options.max_clients:
-                connection.fail_message(0, ServingError(f"the server has {self.options.max_clients} clients, its "
-                                                        f"limit: retry when one has left"))
-                connection.close()
-                return
-            self._connections.add(connection)
-        connection.start()
-
-    def _refusal(self, sock: socket.socket) -> str | None:
-        """Why a peer is refused: it runs as another user (the socket's mode already keeps them
-        out; this holds even if the mode is changed)."""
-        _, uid, _ = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
-        return None if uid == os.getuid() else f"uid {uid} is not the server's"
+            full = len(self._connections) >= self.options.max_clients
+            if not full:
+                self._connections.add(connection)
+        if full:
+            connection.fail_message(0, ServingError(f"the server has {self.options.max_clients} clients, its limit: "
+                                                    f"retry when one has left"))
+            connection.close()
+            return
+        try:
+            connection.start()
+        except RuntimeError:  # no thread to be had: this client is dropped, the server goes on
+            self.forget(connection)
+            connection.close()
 
     def shutdown(self) -> None:
         """Ask the server to stop (safe from a signal handler and from any thread)."""
@@ -230,6 +230,13 @@ class Server:
     def snapshot(self) -> dict:
         """Every figure of the stats request."""
         return self.counters.snapshot(**self.health(), options=asdict(self.options))
+
+
+def _same_user(sock: socket.socket) -> bool:
+    """Whether the peer runs as the server's user (the socket's mode keeps others out already;
+    this holds even if the mode is changed)."""
+    _, uid, _ = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+    return uid == os.getuid()
 
 
 def _listen(path: str) -> tuple[socket.socket, tuple[int, int]]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import traceback
 from typing import TYPE_CHECKING
 
 from ..errors import InputError
@@ -31,7 +32,10 @@ class Worker:
 
     def _loop(self) -> None:
         while (batch := self.collector.next()) is not None:
-            self._serve(batch)
+            try:
+                self._serve(batch)
+            except Exception:  # a fault in answering must not end the worker, and with it the queue
+                traceback.print_exc()
             taken = len(batch)
             del batch  # no reference to a request outlives it: a client's memory is unmapped when it leaves
             for _ in range(taken):
