@@ -266,8 +266,8 @@ def error_of(answer: protocol.Message | None) -> tuple[str, str]:
 
 
 def header(meta_len: int = 0, data_len: int = 0, magic: bytes = MAGIC, version: int = VERSION,
-           kind: int = Kind.RUN) -> bytes:
-    return struct.pack(HEADER_FORMAT, magic, version, kind, 7, meta_len, 0, 0, data_len)
+           kind: int = Kind.RUN, reserved: int = 0) -> bytes:
+    return struct.pack(HEADER_FORMAT, magic, version, kind, 7, meta_len, 0, reserved, data_len)
 
 
 def x_ref(**fields) -> dict:
@@ -309,6 +309,7 @@ def test_misbehaving_clients_get_an_error_or_are_dropped_and_nothing_leaks(model
         still_serving()
         # a header that is not omrt's, or of another version, or too large: answered, then dropped
         for bad, words in ((header(magic=b"HTTP"), "not omrt's protocol"), (header(version=9), "version 9"),
+                           (header(reserved=1), "reserved field is 1"),
                            (header(meta_len=1 << 20), "exceeds the limit of 65536"),
                            (header(data_len=1 << 31), "exceeds the limit of 1073741824")):
             with raw(sock) as s:

@@ -162,8 +162,8 @@ def receive(sock: socket.socket, max_data: int) -> Message | None:
             return None
         if got < HEADER_SIZE:
             raise Broken(f"the message ended after {got} of the header's {HEADER_SIZE} bytes")
-        magic, version, kind, request, meta_len, nfds, _, data_len = _header.unpack(header)
-        _check_header(magic, version, meta_len, data_len, max_data)
+        magic, version, kind, request, meta_len, nfds, reserved, data_len = _header.unpack(header)
+        _check_header(magic, version, reserved, meta_len, data_len, max_data)
         meta_bytes = bytearray(meta_len)
         data = aligned_empty(data_len)
         for part in (memoryview(meta_bytes), memoryview(data)):
@@ -177,12 +177,14 @@ def receive(sock: socket.socket, max_data: int) -> Message | None:
     return Message(kind, request, _json(meta_bytes), data, fds, nfds)
 
 
-def _check_header(magic: bytes, version: int, meta_len: int, data_len: int, max_data: int) -> None:
+def _check_header(magic: bytes, version: int, reserved: int, meta_len: int, data_len: int, max_data: int) -> None:
     if magic != MAGIC:
         raise Broken(f"the message does not start with {MAGIC!r} (got {bytes(magic)!r}): not omrt's protocol")
     if version != VERSION:
         raise Broken(f"protocol version {version} is not spoken here (this side speaks {VERSION}): use a client "
                      f"and server of the same omrt release")
+    if reserved:
+        raise Broken(f"the header's reserved field is {reserved}; version {VERSION} sends 0 there")
     if meta_len > MAX_META:
         raise Broken(f"the header's meta size {meta_len} exceeds the limit of {MAX_META} bytes")
     if data_len > max_data:
