@@ -10,12 +10,14 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import shutil
 import signal
 import socket
 import stat
 import struct
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -498,13 +500,16 @@ def test_dynamic_batching_gives_each_client_its_own_rows(models, tmp_path):
             barrier, wrong = threading.Barrier(4), []
 
             def one(k: int) -> None:
+                """Even clients pass fds, odd ones bytes; copies: the gather and scatter of a batch,
+                and bytes over the socket."""
                 (mi, xi), (mo, yo) = memories[k]
                 xi[:] = rows_of(round_ * 10 + k, k + 1)
                 barrier.wait()
-                got = clients[k].run({"x": xi}, {"y": yo})["y"]
-                batch = clients[k].last["batch"]
-                copied = xi.nbytes + yo.nbytes if batch > 1 else 0
-                if got is not yo or not close_to(yo, reference(xi)) or clients[k].last["bytes_copied"] != copied:
+                got = clients[k].run({"x": xi}, {"y": yo})["y"] if k % 2 == 0 else clients[k].run({"x": xi.copy()})["y"]
+                batched = clients[k].last["batch"] > 1
+                copied = (xi.nbytes if batched else 0) + (xi.nbytes + yo.nbytes if k % 2 else yo.nbytes * batched)
+                mine = got is yo if k % 2 == 0 else not np.shares_memory(got, yo)
+                if not mine or not close_to(got, reference(xi)) or clients[k].last["bytes_copied"] != copied:
                     wrong.append((k, clients[k].last))
 
             in_threads(lambda _, k: one(k), 4, None)
@@ -532,3 +537,34 @@ def test_batching_needs_a_free_first_dim_and_a_socket_path_is_never_taken_over(m
         with omrt.Client(tmp_path / "b.sock") as client:
             assert client.info["model"] == "tiny.om" and server.snapshot()["clients"] == 1
     assert not (tmp_path / "b.sock").exists()
+
+
+ANOTHER_USER = """
+import sys, omrt
+try:
+    omrt.Client(sys.argv[1], timeout=10)
+except omrt.ServingError as e:
+    print(e)
+"""
+
+
+def test_a_peer_of_another_user_is_refused_even_when_the_socket_mode_lets_it_in(models, tmp_path):
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("connecting as another user needs root to drop to an unprivileged user with setpriv")
+    folder = tempfile.mkdtemp()        # not tmp_path: its parents are closed to other users
+    try:
+        os.chmod(folder, 0o711)
+        sock = os.path.join(folder, "s.sock")
+        with Server(models["tiny"], sock).start():
+            os.chmod(sock, 0o666)
+            done = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable,
+                                   "-c", ANOTHER_USER, sock], capture_output=True, text=True, timeout=60,
+                                  env={**os.environ, "PYTHONPATH": SRC, "PYTHONDONTWRITEBYTECODE": "1"})
+            if "Permission denied" in done.stderr or "No module named" in done.stderr:
+                pytest.skip(f"the unprivileged user cannot run this checkout: {done.stderr.strip()[-200:]}")
+            assert done.stdout.startswith(("INFO request to the server at", "the server at")), done.stderr
+            assert "stopped" in done.stdout and "killed" in done.stdout   # dropped at once, never answered
+            with omrt.Client(sock) as client:
+                assert client.health()["clients"] == 1
+    finally:
+        shutil.rmtree(folder)
