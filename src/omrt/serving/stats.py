@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import collections
 import threading
 import time
 
@@ -33,7 +32,8 @@ class Counters:
         self.errors = 0
         self.running = 0
         """Requests being run by a worker now."""
-        self._latencies: collections.deque[float] = collections.deque(maxlen=LATENCY_WINDOW)
+        self._latencies = np.zeros(LATENCY_WINDOW)
+        """A ring of the latest latencies, allocated once: a server's memory does not grow with requests."""
 
     def add(self, **counts: int) -> None:
         with self._lock:
@@ -46,12 +46,12 @@ class Counters:
             self.requests += 1
             self.bytes_copied += copied
             self.copied_requests += copied > 0
-            self._latencies.append(latency)
+            self._latencies[(self.requests - 1) % LATENCY_WINDOW] = latency
 
     def snapshot(self, **extra: object) -> dict:
         """Every counter, the p50/p99 latency in ms over recent requests, and `extra` figures."""
         with self._lock:
-            latencies = np.array(self._latencies) * 1e3
+            latencies = self._latencies[:min(self.requests, LATENCY_WINDOW)] * 1e3
             figures = {k: getattr(self, k) for k in ("requests", "runs", "batches", "batched_requests",
                                                      "bytes_copied", "copied_requests", "busy", "errors",
                                                      "running")}
