@@ -226,7 +226,7 @@ def cmd_keygen(args: argparse.Namespace) -> int:
 
 
 def _trust_args(p: argparse.ArgumentParser) -> None:
-    """The options that decide whether the file's packed code runs (run and inspect)."""
+    """The options that decide whether the file's packed code runs (run, inspect and serve)."""
     p.add_argument("--trust-kernels", action="store_true",
                    help="run the native kernels packed in the file (machine code: only for files you trust)")
     p.add_argument("--trusted-key", action="append", type=Path, metavar="FILE",
@@ -298,7 +298,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     options = Options(workers=args.workers, queue=args.queue, batch_window=args.batch_window / 1e3,
                       max_batch=args.max_batch)
-    server = Server(args.model, args.socket, options, trust_kernels=args.trust_kernels)
+    model = omrt.load(args.model, trust_kernels=args.trust_kernels, trusted_keys=args.trusted_key,
+                      require_signature=args.require_signature)
+    server = Server(model, args.socket, options)
     batching = (f"batching rows of {server.batch_dim!r} within {args.batch_window:g} ms, up to {args.max_batch}"
                 if server.batch_dim else "no batching")
     print(f"omrt serve: {server.model!r} on {args.socket} (mode 0600); {args.workers} workers, queue "
@@ -410,8 +412,7 @@ def parser() -> argparse.ArgumentParser:
                         "first dim (default 0: off)")
     v.add_argument("--max-batch", type=_count_arg, default=8, metavar="N",
                    help="the most rows of one batch (default 8)")
-    v.add_argument("--trust-kernels", action="store_true",
-                   help="run the native kernels packed in the file (machine code: only for files you trust)")
+    _trust_args(v)
     v.add_argument("--threads", type=_threads_arg, default=1, metavar="N",
                    help="run omrt's kernels on N threads of its own (default 1; see omrt.set_num_threads)")
     v.set_defaults(fn=cmd_serve)

@@ -61,15 +61,16 @@ class Options:
 
 
 class Server:
-    """Serves the `.om` file `model` on the Unix socket `path` (see the module's docstring);
+    """Serves `model` (a `.om` file, loaded with `trust_kernels`, or a loaded `Model`: signed
+    files, weight budgets) on the Unix socket `path` (see the module's docstring);
     `serve_forever()` in the main thread (SIGTERM and SIGINT stop it), or `start()` on a thread
     of its own and `stop()`."""
 
-    def __init__(self, model: str | os.PathLike, path: str | os.PathLike, options: Options = Options(),
+    def __init__(self, model: str | os.PathLike | Model, path: str | os.PathLike, options: Options = Options(),
                  trust_kernels: bool = False) -> None:
         options.check()
         self.options = options
-        self.model: Model = load(model, trust_kernels=trust_kernels)
+        self.model: Model = model if isinstance(model, Model) else load(model, trust_kernels=trust_kernels)
         self.batch_dim = batch_dim(self.model) if options.batch_window else None
         self.path = os.fspath(path)
         self.queue: queue.Queue = queue.Queue(options.queue)
@@ -284,7 +285,7 @@ def _unlink(path: str, identity: tuple[int, int]) -> None:
         pass
 
 
-def serve_in_background(model: str | os.PathLike, path: str | os.PathLike, trust_kernels: bool = False,
+def serve_in_background(model: str | os.PathLike | Model, path: str | os.PathLike, trust_kernels: bool = False,
                         **options: Any) -> Server:
     """A server of `model` on socket `path`, serving on a thread of this process: `stop()` it (or
     use it as a context manager) when done. `options` are those of `Options`."""
