@@ -141,6 +141,8 @@ class Server:
 
     def shutdown(self) -> None:
         """Ask the server to stop (safe from a signal handler and from any thread)."""
+        if self.draining:  # stopping already; its wake-up pipe may be closed
+            return
         try:
             os.write(self._wake_w, b"x")
         except OSError:
@@ -148,15 +150,18 @@ class Server:
 
     def _drain(self) -> None:
         """Refuse new requests, remove the socket, answer every request taken, then drop the
-        clients and end the workers."""
+        clients and end the workers (once)."""
         with self._lock:
+            if self.draining:
+                return
             self.draining = True
         self._listener.close()
         _unlink(self.path, self._identity)
         self.queue.join()
-        for _ in self.workers:
+        started = [w for w in self.workers if w.thread.ident is not None]
+        for _ in started:
             self.queue.put(None)
-        for worker in self.workers:
+        for worker in started:
             worker.thread.join()
         with self._lock:
             connections = list(self._connections)
@@ -174,10 +179,13 @@ class Server:
         return self
 
     def stop(self) -> None:
-        """Stop a server `start()`ed, draining as SIGTERM does, and wait until it has."""
+        """Stop a server `start()`ed, draining as SIGTERM does, and wait until it has; a server
+        never started lets go of its socket."""
+        if self._thread is None:
+            self._drain()
+            return
         self.shutdown()
-        if self._thread is not None:
-            self._thread.join()
+        self._thread.join()
 
     def __enter__(self) -> "Server":
         return self
