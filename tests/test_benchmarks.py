@@ -42,7 +42,8 @@ def test_plans_benchmark_uses_the_stored_plans(tmp_path):
         assert res["median_ms"]["stored"] > 0 and res["median_ms"]["runtime"] > 0
 
 
-@pytest.mark.parametrize("script, figure", [("memory.py", "run_op"), ("streaming.py", "swap_cost")])
+@pytest.mark.parametrize("script, figure", [("memory.py", "run_op"), ("streaming.py", "swap_cost"),
+                                            ("serving.py", "frame")])
 def test_figure_benchmarks_measure_one_figure(tmp_path, script, figure):
     out = tmp_path / "figure.json"
     proc = subprocess.run([sys.executable, os.path.join(BENCH, script), "--only", figure, "--json", str(out)],

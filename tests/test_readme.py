@@ -67,6 +67,12 @@ def test_memory_guide_examples_run(tmp_path, monkeypatch):
     _run_python_blocks(open(os.path.join(ROOT, "docs", "memory.md")).read(), "docs/memory.md")
 
 
+def test_serving_guide_examples_run(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    _run_python_blocks(open(os.path.join(ROOT, "docs", "serving.md")).read(), "docs/serving.md")
+    assert not (tmp_path / "double.sock").exists()
+
+
 def test_custom_ops_guide_examples_run(tmp_path, monkeypatch):
     from omrt.native.build import compiler
 

@@ -180,6 +180,21 @@ def test_dynamic_batch_plans_are_cached_per_signature(dynamic_om):
         sess.run({"x": np.zeros((3, 65), np.float32)})
 
 
+def test_prepare_switches_plans_so_outputs_of_a_new_signature_bind_before_the_run(dynamic_om):
+    sess = omrt.load(dynamic_om).session(zero_copy="always")
+    sess.run({"x": np.ones((2, 64), np.float32)})
+    x, y = RNG.standard_normal((3, 64)).astype(np.float32), np.empty((3, 10), np.float32)
+    with pytest.raises(omrt.BindError, match=r"output 'y': the bound buffer has shape \(3, 10\), the result has "
+                                             r"shape \(2, 10\)"):
+        sess.bind("y", y)
+    sess.prepare({"x": x.shape})
+    sess.bind("x", x)
+    sess.bind("y", y)
+    sess.run()
+    np.testing.assert_allclose(y, mlp_reference(x), rtol=1e-5, atol=1e-4 * np.abs(y).max())
+    assert sess.stats.bytes_copied == 0
+
+
 def test_profile_times_every_op_type_and_restores_the_plain_loop(mlp_om):
     sess = omrt.load(mlp_om).session()
     plain = list(sess._executor.instructions)

@@ -9,14 +9,15 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-from .errors import (AllocationError, BindError, CompileError, FormatError, InputError, KernelError,
-                     OmrtError, ShapeError, SignatureError, UnsupportedOpError)
+from .errors import (AllocationError, BindError, BusyError, CompileError, FormatError, InputError, KernelError,
+                     OmrtError, ServingError, ShapeError, SignatureError, UnsupportedOpError)
 from .custom import CustomOp
 from .kernels.custom import OutputRule
 from .kernels.parallel import get_num_threads, set_num_threads
 from .memory import Memory
 from .runtime import (IOPool, IOSet, IOSpec, Model, OpThreads, Session, Stats, ThreadProfile, WeightSlots, arena_size,
                       load, run_op)
+from .serving import Client
 from .version import __version__
 
 if TYPE_CHECKING:
@@ -54,8 +55,7 @@ def repack(src: str | os.PathLike, dst: str | os.PathLike, add: Sequence[Any] = 
     return rewrite(src, dst, add=add, remove=remove, replace=replace)
 
 
-__all__ = ["AllocationError", "BindError", "CompileError", "CustomOp", "FormatError", "IOSpec", "InputError",
-           "KernelError", "IOPool", "IOSet", "Memory", "Model", "OmrtError", "OpThreads", "OutputRule", "Session",
-           "ShapeError", "SignatureError", "Stats", "ThreadProfile", "UnsupportedOpError", "WeightSlots", "arena_size", "compile",
-           "get_num_threads", "load", "repack", "run_op",
-           "set_num_threads"]
+__all__ = ["AllocationError", "BindError", "BusyError", "Client", "CompileError", "CustomOp", "FormatError", "IOSpec",
+           "InputError", "KernelError", "IOPool", "IOSet", "Memory", "Model", "OmrtError", "OpThreads", "OutputRule",
+           "ServingError", "Session", "ShapeError", "SignatureError", "Stats", "ThreadProfile", "UnsupportedOpError",
+           "WeightSlots", "arena_size", "compile", "get_num_threads", "load", "repack", "run_op", "set_num_threads"]

@@ -1,4 +1,4 @@
-"""The `omrt` command line: compile, run, inspect, repack, sign, keygen, bench, demo."""
+"""The `omrt` command line: compile, run, inspect, repack, sign, keygen, bench, demo, serve."""
 
 from __future__ import annotations
 
@@ -38,10 +38,15 @@ def _signature_arg(text: str) -> dict[str, tuple[int, ...]]:
                                          f"ids=1x128,mask=1x128") from None
 
 
-def _threads_arg(text: str) -> int:
+def _count_arg(text: str, option: str = "") -> int:
+    """A whole number >= 1 (threads, workers, queue length, batch rows)."""
     if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"--threads {text!r}: expected a whole number >= 1")
+        raise argparse.ArgumentTypeError(f"{option}{text!r}: expected a whole number >= 1")
     return int(text)
+
+
+def _threads_arg(text: str) -> int:
+    return _count_arg(text, "--threads ")
 
 
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
@@ -221,7 +226,7 @@ def cmd_keygen(args: argparse.Namespace) -> int:
 
 
 def _trust_args(p: argparse.ArgumentParser) -> None:
-    """The options that decide whether the file's packed code runs (run and inspect)."""
+    """The options that decide whether the file's packed code runs (run, inspect and serve)."""
     p.add_argument("--trust-kernels", action="store_true",
                    help="run the native kernels packed in the file (machine code: only for files you trust)")
     p.add_argument("--trusted-key", action="append", type=Path, metavar="FILE",
@@ -277,6 +282,44 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from .demo import main as demo
 
     return demo(args.model, args.repeat, args.threads)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    """Serve the model on a Unix socket until SIGTERM or SIGINT (see omrt.serving)."""
+    import contextlib
+    import resource
+
+    import omrt
+    from .serving import Options, Server
+
+    omrt.set_num_threads(args.threads)
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    with contextlib.suppress(ValueError, OSError):  # each memory a client registers holds two fds here
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    options = Options(workers=args.workers, queue=args.queue, batch_window=args.batch_window / 1e3,
+                      max_batch=args.max_batch)
+    model = omrt.load(args.model, trust_kernels=args.trust_kernels, trusted_keys=args.trusted_key,
+                      require_signature=args.require_signature)
+    server = Server(model, args.socket, options)
+    batching = (f"batching rows of {server.batch_dim!r} within {args.batch_window:g} ms, up to {args.max_batch}"
+                if server.batch_dim else "no batching")
+    print(f"omrt serve: {server.model!r} on {args.socket} (mode 0600); {args.workers} workers, queue "
+          f"{args.queue}, {batching}", flush=True)
+    server.serve_forever()
+    s = server.snapshot()
+    print(f"omrt serve: stopped after {s['requests']} requests in {s['runs']} runs; bytes copied "
+          f"{s['bytes_copied']}", flush=True)
+    return 0
+
+
+def _milliseconds_arg(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"--batch-window {text!r}: expected milliseconds >= 0, e.g. 2 or 0.5")
+    return value
 
 
 def parser() -> argparse.ArgumentParser:
@@ -356,6 +399,23 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
     b.add_argument("--json", metavar="FILE", help="write every figure here")
     b.set_defaults(fn=cmd_bench)
+    v = sub.add_parser("serve", help="serve a .om model to processes on this host over a Unix socket "
+                                     "(zero-copy with shared memory; see docs/serving.md)")
+    v.add_argument("model", help="the .om file (the only model this server ever loads)")
+    v.add_argument("--socket", required=True, metavar="PATH", help="the Unix socket to create (mode 0600)")
+    v.add_argument("--workers", type=_count_arg, default=1, metavar="N",
+                   help="worker threads, each with a session of its own (default 1)")
+    v.add_argument("--queue", type=_count_arg, default=64, metavar="N",
+                   help="requests that may wait; beyond them clients are answered busy at once (default 64)")
+    v.add_argument("--batch-window", type=_milliseconds_arg, default=0.0, metavar="MS",
+                   help="run requests that arrive within MS milliseconds as one batch along the model's free "
+                        "first dim (default 0: off)")
+    v.add_argument("--max-batch", type=_count_arg, default=8, metavar="N",
+                   help="the most rows of one batch (default 8)")
+    _trust_args(v)
+    v.add_argument("--threads", type=_threads_arg, default=1, metavar="N",
+                   help="run omrt's kernels on N threads of its own (default 1; see omrt.set_num_threads)")
+    v.set_defaults(fn=cmd_serve)
     d = sub.add_parser("demo", help="compile, run and check a real network shipped with onnx")
     d.add_argument("--model", default="squeezenet",
                    choices=["bvlc_alexnet", "densenet121", "inception_v1", "inception_v2", "resnet50",

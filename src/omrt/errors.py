@@ -42,3 +42,13 @@ class AllocationError(OmrtError):
 class SignatureError(KernelError):
     """A file loaded with require_signature=True is not signed by a trusted key, or its signature
     does not hold."""
+
+
+class ServingError(OmrtError):
+    """A request to an omrt server failed: no server, a broken or malformed exchange, a server
+    that stops or was killed, or an answer the server refused to give (shutting down)."""
+
+
+class BusyError(ServingError):
+    """The server's request queue is full: it answered at once instead of waiting; retry later,
+    or start the server with more --workers or a longer --queue."""

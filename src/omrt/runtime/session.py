@@ -10,7 +10,7 @@ the arena itself may be caller memory, shared by sessions that run one after ano
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import numpy as np
 
@@ -223,6 +223,15 @@ class Session:
         memory = Memory.allocate(max(align(nbytes), ALIGN), name=f"omrt-{name}", **flags)
         self.bind(name, memory)
         return memory
+
+    def prepare(self, shapes: Mapping[str, Sequence[int]]) -> None:
+        """Switch now, not at the next run, to the plan for these input shapes (of a model with
+        symbolic dims), so that outputs of the shapes it gives can be bound before the run;
+        buffers still bound are checked against it."""
+        shapes = {name: tuple(int(d) for d in shape) for name, shape in shapes.items()}
+        prep = self._prep
+        if prep is None or any(tuple(prep.program.signature.get(n, ())) != s for n, s in shapes.items()):
+            self._use(self.model.prepared(shapes))
 
     def set_weight(self, name: str, weight: Any, offset: int = 0) -> None:
         """Read weight `name` from `weight` (an array, or a `Memory` from byte `offset`) in the
