@@ -50,12 +50,17 @@ def test_shape_subgraph_folds_and_reshape_becomes_an_alias(tmp_path):
     assert res.program.places["y"].region == "output" and res.program.places["r"].region == "output"
 
 
-def _conv_view(node) -> tuple[str, list[str]]:
-    """(op type, inputs) of a node as the Conv it was before its filters were packed (the compiler
-    packs them for omrt's GEMM where it builds the native library: omrt::PackedConv)."""
-    if (node.op_type, node.domain) == ("PackedConv", "omrt"):
-        assert node.inputs[3] == f"{node.inputs[1]}__panels"
-        return "Conv", node.inputs[:3] if node.inputs[2] else node.inputs[:2]
+PACKED = {"PackedConv": ("Conv", "Conv", "__panels"), "PackedMatMul": ("MatMul", "FusedMatMul", "__strips")}
+"""Packed op -> (op without a bias, op with one, suffix of the packed weight)."""
+
+
+def _unpacked(node) -> tuple[str, list[str]]:
+    """(op type, inputs) of a node as it was before its weights were packed (the compiler packs
+    them for omrt's GEMM where it builds the native library: omrt::PackedConv, PackedMatMul)."""
+    if node.domain == "omrt" and node.op_type in PACKED:
+        plain, biased, suffix = PACKED[node.op_type]
+        assert node.inputs[3] == f"{node.inputs[1]}{suffix}"
+        return (biased, node.inputs[:3]) if node.inputs[2] else (plain, node.inputs[:2])
     return node.op_type, node.inputs
 
 
@@ -74,7 +79,7 @@ def test_conv_batchnorm_scale_shift_relu_become_one_conv(tmp_path):
                [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 8, 8])], inits)
     res = _run_both(m, {"x": RNG.standard_normal((1, 3, 8, 8)).astype(np.float32)}, tmp_path)
     (conv,) = res.graph.nodes
-    op_type, inputs = _conv_view(conv)
+    op_type, inputs = _unpacked(conv)
     assert op_type == "Conv" and conv.attrs["_act"] == "Relu" and len(inputs) == 3
 
 
@@ -86,9 +91,8 @@ def test_matmul_add_fuses_and_constant_nodes_import(tmp_path):
     m = _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 4])],
                [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 5])])
     res = _run_both(m, {"x": RNG.standard_normal((3, 4)).astype(np.float32)}, tmp_path)
-    (node,) = res.graph.nodes  # packed for omrt's GEMM where the compiler builds the native library
-    assert (node.domain, node.op_type) in (("omrt", "FusedMatMul"), ("omrt", "PackedMatMul"))
-    assert node.inputs[:3] == ["x", "w", "b"]
+    (node,) = res.graph.nodes
+    assert node.domain == "omrt" and _unpacked(node) == ("FusedMatMul", ["x", "w", "b"])
 
 
 def test_external_data_and_inputs_that_carry_initializers(tmp_path):
@@ -186,7 +190,7 @@ def test_preactivation_batchnorm_folds_into_the_pointwise_conv(signs, tmp_path):
         scale[::2] *= -1
     m, feeds = _preactivation(scale, RNG.standard_normal((4, 6, 1, 1)))
     res = _run_both(m, feeds, tmp_path)
-    views = [_conv_view(n) for n in res.graph.nodes]
+    views = [_unpacked(n) for n in res.graph.nodes]
     assert [op for op, _ in views] == (["Max", "Conv"] if signs == "positive" else ["Max", "Min", "Conv"])
     assert views[-1][1][1:] != ["w", "cb"]
     if signs == "mixed":  # the Min clamps the Max's result in place
@@ -201,7 +205,7 @@ def test_batchnorm_that_cannot_fold_into_the_conv_keeps_its_relu(case, tmp_path)
     res = _run_both(m, feeds, tmp_path)
     bn, conv = res.graph.nodes
     assert (bn.op_type, bn.attrs["_act"]) == ("BatchNormalization", "Relu")
-    op_type, inputs = _conv_view(conv)
+    op_type, inputs = _unpacked(conv)
     assert (op_type, inputs[1:]) == ("Conv", ["w", "cb"])
 
 
@@ -309,7 +313,7 @@ def test_attention_scale_leaves_a_projection_read_elsewhere_unscaled(tmp_path):
     res = _run_both(m, feeds, tmp_path)
     (query,) = [n for n in res.graph.nodes if "q_p" in n.outputs]
     (key,) = [n for n in res.graph.nodes if "k_p" in n.outputs]
-    assert query.inputs[1:] == ["Wq", "bq"] and key.inputs[1] != "Wk"
+    assert _unpacked(query)[1][1:] == ["Wq", "bq"] and key.inputs[1] != "Wk"
 
 
 def test_scale_after_a_product_with_bias_is_not_folded(tmp_path):
@@ -326,7 +330,7 @@ def test_scale_after_a_product_with_bias_is_not_folded(tmp_path):
     feeds = {"x": RNG.standard_normal((2, 4)).astype(np.float32),
              "z": RNG.standard_normal((5, 3)).astype(np.float32)}
     res = _run_both(m, feeds, tmp_path)
-    assert [n.op_type for n in res.graph.nodes] == ["FusedMatMul", "FusedMatMul", "Div"]
+    assert [_unpacked(n)[0] for n in res.graph.nodes] == ["FusedMatMul", "FusedMatMul", "Div"]
 
 
 def test_an_input_type_the_operator_does_not_take_is_a_compile_error(tmp_path):
