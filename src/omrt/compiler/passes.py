@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Callable, Iterator
+
 import numpy as np
 
 from ..ir import Graph, Node
@@ -501,62 +503,59 @@ def optimize(graph: Graph) -> Graph:
     return graph
 
 
+def _derive_weight(graph: Graph, node: Node, op_type: str, suffix: str, derive: Callable[[np.ndarray], np.ndarray]
+                   ) -> None:
+    """Rewrite `node` (X, W[, B]) as omrt::`op_type` (X, W, B or "", W') with W' = derive(W) added
+    as the weight W + `suffix`, once for all the nodes that share W. The node keeps W: without
+    the native library it runs as the op it was."""
+    derived = f"{node.inputs[1]}{suffix}"
+    if derived not in graph.constants:
+        graph.add_constant(derived, derive(graph.constants[node.inputs[1]]))
+    bias = node.inputs[2] if len(node.inputs) > 2 else ""
+    node.op_type, node.domain = op_type, "omrt"
+    node.inputs = [node.inputs[0], node.inputs[1], bias, derived]
+    graph.opsets.setdefault("omrt", 1)
+
+
+def _convs(graph: Graph) -> Iterator[tuple[Node, np.ndarray]]:
+    """The plain Convs with constant filters, and their filters."""
+    for node in graph.nodes:
+        plain = node.op_type == "Conv" and not node.domain and len(node.inputs) > 1
+        w = graph.constants.get(node.inputs[1]) if plain else None
+        if w is not None:
+            yield node, w
+
+
 def use_winograd(graph: Graph) -> Graph:
     """Rewrite the Convs that Winograd speeds up as omrt::WinogradConv, adding their transformed
-    filters as weights (they keep their own: see omrt.kernels.winograd). Only worth it when the
-    native library is packed, since the transforms are C loops."""
-    for node in graph.nodes:
-        if node.op_type != "Conv" or node.domain or len(node.inputs) < 2:
-            continue
-        w = graph.constants.get(node.inputs[1])
-        if w is None or not winograd.eligible(node.attrs, graph.infos[node.inputs[0]], w):
-            continue
-        transformed = f"{node.inputs[1]}__winograd"
-        if transformed not in graph.constants:
-            graph.add_constant(transformed, winograd.filter_transform(w))
-        bias = node.inputs[2] if len(node.inputs) > 2 else ""
-        node.op_type, node.domain = "WinogradConv", "omrt"
-        node.inputs = [node.inputs[0], node.inputs[1], bias, transformed]
-        graph.opsets.setdefault("omrt", 1)
+    filters as weights (see omrt.kernels.winograd). Only worth it when the native library is
+    packed, since the transforms are C loops."""
+    for node, w in list(_convs(graph)):
+        if winograd.eligible(node.attrs, graph.infos[node.inputs[0]], w):
+            _derive_weight(graph, node, "WinogradConv", "__winograd", winograd.filter_transform)
     return graph
 
 
 def use_packed_filters(graph: Graph) -> Graph:
     """Rewrite the dense 2-d Convs left after use_winograd as omrt::PackedConv, adding their
-    filters packed for omrt's own GEMM as weights (they keep their own: see
-    omrt.kernels.packed). Only worth it when the native library is packed."""
-    for node in graph.nodes:
-        if node.op_type != "Conv" or node.domain or len(node.inputs) < 2:
-            continue
-        w = graph.constants.get(node.inputs[1])
-        if w is None or not packed.eligible(node.attrs, graph.infos[node.inputs[0]], w):
-            continue
-        panels = f"{node.inputs[1]}__panels"
-        if panels not in graph.constants:
-            graph.add_constant(panels, packed.pack_panels(w))
-        bias = node.inputs[2] if len(node.inputs) > 2 else ""
-        node.op_type, node.domain = "PackedConv", "omrt"
-        node.inputs = [node.inputs[0], node.inputs[1], bias, panels]
-        graph.opsets.setdefault("omrt", 1)
+    filters packed for omrt's own GEMM as weights (see omrt.kernels.packed). Only worth it when
+    the native library is packed."""
+    for node, w in list(_convs(graph)):
+        if packed.eligible(node.attrs, graph.infos[node.inputs[0]], w):
+            _derive_weight(graph, node, "PackedConv", "__panels", packed.pack_panels)
     return graph
 
 
 def use_packed_products(graph: Graph) -> Graph:
     """Rewrite the MatMuls and FusedMatMuls by a constant matrix as omrt::PackedMatMul, adding the
-    matrix packed for omrt's own GEMM as a weight (it keeps its own: see omrt.kernels.packed).
-    Only worth it when the native library is packed."""
+    matrix packed for omrt's own GEMM as a weight (see omrt.kernels.packed). Only worth it when
+    the native library is packed."""
     for node in graph.nodes:
         if (node.op_type, node.domain) not in (("MatMul", ""), ("FusedMatMul", "omrt")):
             continue
         b = graph.constants.get(node.inputs[1])
         bias = node.inputs[2] if len(node.inputs) > 2 else ""
-        if b is None or not packed.product_eligible(node.attrs, graph.infos[node.inputs[0]], b,
-                                                    graph.infos[bias] if bias else None):
-            continue
-        strips = f"{node.inputs[1]}__strips"
-        if strips not in graph.constants:
-            graph.add_constant(strips, packed.pack_strips(b))
-        node.op_type, node.domain = "PackedMatMul", "omrt"
-        node.inputs = [node.inputs[0], node.inputs[1], bias, strips]
-        graph.opsets.setdefault("omrt", 1)
+        if b is not None and packed.product_eligible(node.attrs, graph.infos[node.inputs[0]], b,
+                                                     graph.infos[bias] if bias else None):
+            _derive_weight(graph, node, "PackedMatMul", "__strips", packed.pack_strips)
     return graph

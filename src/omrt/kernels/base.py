@@ -81,6 +81,8 @@ class Kernel:
     derived: ClassVar[tuple[tuple[int, int], ...]] = ()
     """(input, source) pairs: input `input` was computed at compile time from input `source`
     (transformed or packed filters); see drop_derived."""
+    derived_call: ClassVar[str] = ""
+    """The attribute holding the native call that reads the `derived` inputs (None: not taken)."""
 
     def __init__(self, ctx: OpContext, inputs: Sequence[TensorInfo | None],
                  outputs: Sequence[TensorInfo]) -> None:
@@ -112,10 +114,12 @@ class Kernel:
     def drop_derived(self) -> None:
         """Stop reading the `derived` inputs and compute from their sources alone: a source was
         swapped (`Session.set_weight`), so what the compiler derived from it is stale."""
+        if self.derived_call:
+            setattr(self, self.derived_call, None)
 
     def reads_derived(self) -> bool:
         """Whether run() takes the path that reads the `derived` inputs (not their sources)."""
-        return False
+        return bool(self.derived_call) and getattr(self, self.derived_call) is not None
 
     def unread_inputs(self) -> frozenset[int]:
         """Positions of the inputs run() never reads on the path it takes: the `derived` inputs,

@@ -85,6 +85,7 @@ class PackedConv(Conv):
 
     native_units = ("conv",)
     derived = ((3, 1),)
+    derived_call = "native_packed"
 
     def __init__(self, ctx: OpContext, inputs: Sequence[TensorInfo | None],
                  outputs: Sequence[TensorInfo]) -> None:
@@ -107,12 +108,6 @@ class PackedConv(Conv):
         win = self.win
         return fn.partial(*x.shape, self.filters, *win.out, *win.kernel, *win.strides, *win.dilations,
                           *win.begin, *act)
-
-    def drop_derived(self) -> None:
-        self.native_packed = None
-
-    def reads_derived(self) -> bool:
-        return self.native_packed is not None
 
     def fit_workspace(self, nbytes: int) -> bool:
         """A plan too small for the strips (an older omrt's) runs the layer as a Conv."""
@@ -157,6 +152,7 @@ class PackedMatMul(MatMulBase):
     omrt's own GEMM."""
 
     derived = ((3, 1),)
+    derived_call = "native_packed"
 
     def __init__(self, ctx: OpContext, inputs: Sequence[TensorInfo | None],
                  outputs: Sequence[TensorInfo]) -> None:
@@ -171,12 +167,6 @@ class PackedMatMul(MatMulBase):
 
     def workspace(self) -> int:
         return max(super().workspace(), self.panel_bytes)
-
-    def drop_derived(self) -> None:
-        self.native_packed = None
-
-    def reads_derived(self) -> bool:
-        return self.native_packed is not None
 
     def fit_workspace(self, nbytes: int) -> bool:
         """A plan too small for A's panels (an older omrt's) runs the product through BLAS."""

@@ -68,6 +68,7 @@ class WinogradConv(Conv):
 
     native_units = ("winograd",)
     derived = ((3, 1),)
+    derived_call = "native_winograd"
 
     def __init__(self, ctx: OpContext, inputs: Sequence[TensorInfo | None],
                  outputs: Sequence[TensorInfo]) -> None:
@@ -90,12 +91,6 @@ class WinogradConv(Conv):
             self.native_winograd = {t: fn.partial(v // 4, slot // 4, per_chunk, shared, FILTERS_PER_PASS, t,
                                                   *geometry)
                                     for t, (v, slot, per_chunk, shared) in plans.items()}
-
-    def drop_derived(self) -> None:
-        self.native_winograd = None
-
-    def reads_derived(self) -> bool:
-        return self.native_winograd is not None
 
     def fit_workspace(self, nbytes: int) -> bool:
         """A plan too small for the Winograd scratch (an older omrt's) runs the layer as a Conv."""
