@@ -95,7 +95,8 @@ static void dw_gather(const dw_job *j, int64_t n, int64_t c0, int64_t lanes, int
             const int64_t ih = i0 + r;
             if (ih < 0 || ih >= j->H) continue;
             const int64_t lo = j->PL > 0 ? j->PL : 0, hi = j->W + j->PL < wide ? j->W + j->PL : wide;
-            for (int64_t col = lo; col < hi; col++) in[(r * wide + col) * DW_LANES + l] = plane[ih * j->W + col - j->PL];
+            const float *row = plane + ih * j->W;
+            for (int64_t col = lo; col < hi; col++) in[(r * wide + col) * DW_LANES + l] = row[col - j->PL];
         }
     }
 }
@@ -324,10 +325,10 @@ OMRT_EXPORT void omrt_conv2d_f32(const float *x, const float *w, const float *bi
  * omrt's own GEMM, which copies `block` columns at a time into `strips` (K * block floats per
  * thread). */
 OMRT_EXPORT void omrt_pconv2d_f32(const float *x, const float *panels, const float *bias, float *y, float *work,
-                                  float *strips, int64_t step, int64_t buffer, int64_t block, int64_t threads, int64_t N, int64_t C,
-                                  int64_t H, int64_t W, int64_t M, int64_t OH, int64_t OW, int64_t KH, int64_t KW,
-                                  int64_t SH, int64_t SW, int64_t DH, int64_t DW, int64_t PT, int64_t PL, int64_t act,
-                                  float alpha, float beta) {
+                                  float *strips, int64_t step, int64_t buffer, int64_t block, int64_t threads,
+                                  int64_t N, int64_t C, int64_t H, int64_t W, int64_t M, int64_t OH, int64_t OW,
+                                  int64_t KH, int64_t KW, int64_t SH, int64_t SW, int64_t DH, int64_t DW, int64_t PT,
+                                  int64_t PL, int64_t act, float alpha, float beta) {
     conv_job j = CONV_JOB(.panels = panels, .strips = strips, .block = block, .G = 1, .K = C * KH * KW, .Fg = M);
     run_conv(&j, threads);
 }

@@ -42,15 +42,15 @@ static inline float omrt_act1(float v, const omrt_epilogue *e) {
     }
 }
 
-/* c rows [0, rows), columns [0, cols) (pitch ldc) = a (a panel from `a`, k stride `aks`) times
- * strip b (K rows of the tile's width, `bks` floats apart), then the epilogue; the plain C tile,
- * 16 columns wide. */
-static inline void omrt_tile_c(int64_t K, const float *a, int64_t aks, const float *b, int64_t bks, float *c,
+/* c rows [0, rows), columns [0, cols) (pitch ldc) = a (rows of a panel from `a`, OMRT_PANEL floats
+ * per k) times strip b (K rows of the tile's width, `bks` floats apart), then the epilogue; the
+ * plain C tile, 16 columns wide. */
+static inline void omrt_tile_c(int64_t K, const float *a, const float *b, int64_t bks, float *c,
                                int64_t ldc, int64_t rows, int64_t cols, const omrt_epilogue *e) {
     for (int64_t r = 0; r < rows; r++) {
         float acc[16] = {0};
         for (int64_t k = 0; k < K; k++) {
-            float av = a[k * aks + r];
+            float av = a[k * OMRT_PANEL + r];
             for (int64_t j = 0; j < 16; j++) acc[j] += av * b[k * bks + j];
         }
         float add = e->bias ? e->bias[r] : 0.0f;
@@ -76,15 +76,14 @@ OMRT_AVX512 static inline __m512 omrt_act16(__m512 v, const omrt_epilogue *e) {
 }
 
 /* The AVX-512 tile: 12 rows x 32 columns, accumulators in 24 registers. */
-OMRT_AVX512 static inline void omrt_tile_avx512(int64_t K, const float *a, int64_t aks, const float *b,
-                                                int64_t bks, float *c, int64_t ldc, int64_t rows, int64_t cols,
-                                                const omrt_epilogue *e) {
+OMRT_AVX512 static inline void omrt_tile_avx512(int64_t K, const float *a, const float *b, int64_t bks, float *c,
+                                                int64_t ldc, int64_t rows, int64_t cols, const omrt_epilogue *e) {
     __m512 acc[OMRT_PANEL][2];
 #pragma GCC unroll 12
     for (int r = 0; r < OMRT_PANEL; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
     for (int64_t k = 0; k < K; k++) {
         __m512 b0 = _mm512_loadu_ps(b + bks * k), b1 = _mm512_loadu_ps(b + bks * k + 16);
-        const float *ak = a + k * aks;
+        const float *ak = a + k * OMRT_PANEL;
 #pragma GCC unroll 12
         for (int r = 0; r < OMRT_PANEL; r++) {
             __m512 av = _mm512_set1_ps(ak[r]);
@@ -129,7 +128,7 @@ OMRT_AVX2 static inline __m256i omrt_lanes8(int64_t n) {
 }
 
 /* The AVX2 tile: 6 rows x 16 columns, accumulators in 12 registers. */
-OMRT_AVX2 static inline void omrt_tile_avx2(int64_t K, const float *a, int64_t aks, const float *b, int64_t bks,
+OMRT_AVX2 static inline void omrt_tile_avx2(int64_t K, const float *a, const float *b, int64_t bks,
                                             float *c, int64_t ldc, int64_t rows, int64_t cols,
                                             const omrt_epilogue *e) {
     __m256 acc[6][2];
@@ -137,7 +136,7 @@ OMRT_AVX2 static inline void omrt_tile_avx2(int64_t K, const float *a, int64_t a
     for (int r = 0; r < 6; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
     for (int64_t k = 0; k < K; k++) {
         __m256 b0 = _mm256_loadu_ps(b + bks * k), b1 = _mm256_loadu_ps(b + bks * k + 8);
-        const float *ak = a + k * aks;
+        const float *ak = a + k * OMRT_PANEL;
 #pragma GCC unroll 6
         for (int r = 0; r < 6; r++) {
             __m256 av = _mm256_broadcast_ss(ak + r);
@@ -164,8 +163,8 @@ OMRT_AVX2 static inline void omrt_tile_avx2(int64_t K, const float *a, int64_t a
 }
 #endif
 
-typedef void (*omrt_tile_fn)(int64_t, const float *, int64_t, const float *, int64_t, float *, int64_t, int64_t,
-                             int64_t, const omrt_epilogue *);
+typedef void (*omrt_tile_fn)(int64_t, const float *, const float *, int64_t, float *, int64_t, int64_t, int64_t,
+                             const omrt_epilogue *);
 
 typedef struct {
     omrt_tile_fn tile;
@@ -234,7 +233,7 @@ static inline void omrt_panel_gemm(const float *panels, int64_t K, int64_t m0, i
             const int64_t rows = m1 - m < kind.rows ? m1 - m : kind.rows;
             for (int64_t s = 0; s * kind.nr < w; s++) {
                 const int64_t cols = w - s * kind.nr < kind.nr ? w - s * kind.nr : kind.nr;
-                kind.tile(K, a, OMRT_PANEL, scratch + s * K * kind.nr, kind.nr,
+                kind.tile(K, a, scratch + s * K * kind.nr, kind.nr,
                           c + (m - m0) * ldc + p + s * kind.nr, ldc, rows, cols, &at);
             }
         }
@@ -265,7 +264,7 @@ static inline void omrt_strip_tile(const float *panel, const float *strips, int6
         const int64_t c0 = s * OMRT_MAX_NR + half * kind.nr, cols = N - c0 < kind.nr ? N - c0 : kind.nr;
         omrt_epilogue at = {NULL, e->col_bias ? e->col_bias + c0 : NULL, e->act, e->alpha, e->beta};
         for (int64_t r = 0; r < OMRT_PANEL && r0 + r < M; r += kind.rows)
-            kind.tile(K, panel + r, OMRT_PANEL, b + half * kind.nr, OMRT_MAX_NR, c + (r0 + r) * ldc + c0, ldc,
+            kind.tile(K, panel + r, b + half * kind.nr, OMRT_MAX_NR, c + (r0 + r) * ldc + c0, ldc,
                       M - r0 - r < kind.rows ? M - r0 - r : kind.rows, cols, &at);
     }
 }
