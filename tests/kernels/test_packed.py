@@ -245,3 +245,11 @@ def test_a_weight_budget_holds_only_the_form_of_each_weight_that_is_read(packed_
     x = randn(1, 16, 12, 12)
     want = omrt.load(packed_om).session().run({"x": x})["y"]
     assert _scaled_error(model.session().run({"x": x})["y"], want) < 1e-5
+
+
+def test_a_bias_fed_as_a_strided_view_takes_the_blas_path(native):
+    a, b, wide = randn(16, 8), randn(8, 5), randn(10)
+    kernel = _product(a, b, wide[::2], {}, native)
+    y = np.full(kernel.outputs[0].shape, np.nan, np.float32)
+    kernel.run([a, b, wide[::2], packed.pack_strips(b)], [y], np.zeros(kernel.workspace(), np.uint8))
+    np.testing.assert_allclose(y, a.astype(np.float64) @ b + wide[::2], rtol=1e-5, atol=1e-5)

@@ -189,6 +189,14 @@ class Conv(Kernel):
         band = max(1, min(oh, next((r for r in range(oh, 0, -1) if 4 * floats(r) <= DEPTHWISE_BAND_BYTES), 1)))
         return band, align(4 * floats(band))
 
+    def fit_workspace(self, nbytes: int) -> bool:
+        """A plan too small for the scratch of a path over derived filters (WinogradConv's,
+        PackedConv's: a file an older omrt planned) runs the layer as the plain Conv."""
+        if self.derived and self.workspace_bytes > nbytes:
+            self.drop_derived()
+            self.workspace_bytes = self.conv_workspace_bytes
+        return super().fit_workspace(nbytes)
+
     def _native_2d(self, ctx: OpContext, x: TensorInfo) -> bool:
         """Whether the native loops can take this layer: 2-d, float32 data and filters."""
         w = self.inputs[1]

@@ -109,13 +109,6 @@ class PackedConv(Conv):
         return fn.partial(*x.shape, self.filters, *win.out, *win.kernel, *win.strides, *win.dilations,
                           *win.begin, *act)
 
-    def fit_workspace(self, nbytes: int) -> bool:
-        """A plan too small for the strips (an older omrt's) runs the layer as a Conv."""
-        if self.workspace_bytes > nbytes:
-            self.native_packed = None
-            self.workspace_bytes = self.conv_workspace_bytes
-        return super().fit_workspace(nbytes)
-
     def run(self, inputs, outputs, workspace):
         x, y = inputs[0], outputs[0]
         if self.native_packed is None or not (x.flags.c_contiguous and y.flags.c_contiguous) or y.size == 0:
@@ -159,6 +152,7 @@ class PackedMatMul(MatMulBase):
         super().__init__(ctx, inputs[:2], outputs)
         self.inputs = list(inputs)
         self.rows, (self.depth, self.cols) = numel(inputs[0].shape[:-1]), inputs[1].shape
+        self.flops = 2 * self.rows * self.depth * self.cols
         self.panel_bytes = align(-(-self.rows // PANEL) * PANEL * self.depth * 4)
         self.act = activation_code(ctx.attrs)
         fn = ctx.native.get(PMATMUL) if ctx.native is not None else None
@@ -178,11 +172,11 @@ class PackedMatMul(MatMulBase):
     def run(self, inputs, outputs, workspace):
         a, out = inputs[0], outputs[0]
         bias = inputs[2] if len(inputs) > 2 else None
-        if self.native_packed is not None and a.flags.c_contiguous and out.flags.c_contiguous and out.size:
+        in_place = all(v is None or v.flags.c_contiguous for v in (a, out, bias))  # a fed bias may be a view
+        if self.native_packed is not None and in_place and out.size:
             m, n, k = self.rows, self.cols, self.depth
-            threads = parallel.native_threads(2 * m * n * k)
             self.native_packed(a.reshape(m, k), inputs[3], bias, out.reshape(m, n), workspace, m, n, k, k, n,
-                               threads, *self.act)
+                               parallel.native_threads(self.flops), *self.act)
             return
         a, b, y = self.views(inputs, out)
         if not self.product(a, b, y, workspace, bias):

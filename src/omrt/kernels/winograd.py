@@ -92,13 +92,6 @@ class WinogradConv(Conv):
                                                   *geometry)
                                     for t, (v, slot, per_chunk, shared) in plans.items()}
 
-    def fit_workspace(self, nbytes: int) -> bool:
-        """A plan too small for the Winograd scratch (an older omrt's) runs the layer as a Conv."""
-        if self.workspace_bytes > nbytes:
-            self.native_winograd = None
-            self.workspace_bytes = self.conv_workspace_bytes
-        return super().fit_workspace(nbytes)
-
     def _products(self, filters: int, tiles: int) -> int:
         """Bytes of the products of one pass over `filters` filters and `tiles` tiles."""
         return align(16 * min(filters, FILTERS_PER_PASS) * tiles * 4)

@@ -16,7 +16,7 @@ from ..kernels import kernel_of
 from ..kernels.base import Kernel
 from ..plan import DYNAMIC, Program, Task
 from ..plan.infer import context
-from ..plan.stream import StreamPlan, plan_stream, verify_stream
+from ..plan.stream import MIN_STREAMED, StreamPlan, plan_stream, verify_stream
 
 
 @dataclass(frozen=True)
@@ -83,11 +83,12 @@ def kernel_for(graph: Graph, program: Program, task: Task, native: Any = None,
     return cls(context(node, graph, native), ins, outs)
 
 
-def _unread(graph: Graph, program: Program, native: Any) -> frozenset[tuple[int, int]]:
+def _unread(graph: Graph, program: Program, native: Any, movable: frozenset[str]) -> frozenset[tuple[int, int]]:
     """(task, input position) pairs the tasks' kernels never read: of a weight and what the
-    compiler derived from it, a kernel reads one (see Kernel.unread_inputs)."""
+    compiler derived from it, a kernel reads one (see Kernel.unread_inputs). The weights that may
+    stream are handed over without their values, so that asking pages none of them in."""
     return frozenset((t, i) for t, task in enumerate(program.tasks) if not _runs_late(program, task.outputs)
-                     for i in kernel_for(graph, program, task, native).unread_inputs())
+                     for i in kernel_for(graph, program, task, native, movable).unread_inputs())
 
 
 def prepare(graph: Graph, program: Program, native: Any = None, weight_budget: int | None = None,
@@ -98,7 +99,7 @@ def prepare(graph: Graph, program: Program, native: Any = None, weight_budget: i
     stream = None
     if weight_budget is not None:
         sizes = {k: a.nbytes for k, a in graph.constants.items() if a.dtype != object}
-        unread = _unread(graph, program, native)
+        unread = _unread(graph, program, native, frozenset(k for k, n in sizes.items() if n >= MIN_STREAMED))
         stream = plan_stream(program, sizes, weight_budget, unread)
         verify_stream(stream, program, sizes)
         if hold_resident is not None:
