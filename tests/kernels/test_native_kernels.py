@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from kernel_check import check, randn, reference, run_kernel
 import omrt
 from omrt.kernels import OpContext, TensorInfo, elementwise, lookup, winograd
-from omrt.kernels import parallel
+from omrt.kernels import parallel, pool
 from omrt.kernels import window as window_module
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -86,25 +86,36 @@ def windows(draw, max_kernel: int = 4, max_size: int = 12):
     return {"kernel_shape": [kh, kw], "strides": [sh, sw], "pads": pads}, (h, w)
 
 
+BANDS = [pool.BAND_FLOATS, 160, 64, 0]
+"""Scratch the native pools get: the default (whole small planes), bands of a few output rows,
+and too little for one (the row path)."""
+
+
 @pytest.mark.parametrize("threads", [1, 2], indirect=True)
+@pytest.mark.parametrize("band_floats", BANDS)
 @SETTINGS
-@given(windows(), st.booleans(), st.integers(1, 3))
-def test_max_pool_matches_reference(native, threads, window, ceil_mode, planes):
+@given(windows(), st.booleans(), st.integers(1, 3), st.integers(1, 2))
+def test_max_pool_matches_reference(native, threads, band_floats, window, ceil_mode, planes, dilation):
     attrs, (h, w) = window
-    attrs = {**attrs, "ceil_mode": int(ceil_mode)}
-    x = randn(1, planes, h, w)
-    assert _uses_native("MaxPool", x, None, attrs, native)
-    agree("MaxPool", [x], attrs, native)
+    attrs = {**attrs, "ceil_mode": int(ceil_mode), "dilations": [dilation, 1]}
+    x = randn(1, planes, h + attrs["kernel_shape"][0] * (dilation - 1), w)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(pool, "BAND_FLOATS", band_floats)
+        assert _uses_native("MaxPool", x, None, attrs, native)
+        agree("MaxPool", [x], attrs, native)
 
 
 @pytest.mark.parametrize("threads", [1, 2], indirect=True)
+@pytest.mark.parametrize("band_floats", BANDS)
 @SETTINGS
 @given(windows(), st.booleans(), st.booleans())
-def test_average_pool_matches_reference(native, threads, window, ceil_mode, include_pad):
+def test_average_pool_matches_reference(native, threads, band_floats, window, ceil_mode, include_pad):
     attrs, (h, w) = window
     attrs = {**attrs, "ceil_mode": int(ceil_mode), "count_include_pad": int(include_pad)}
     x = randn(2, 3, h, w)
-    agree("AveragePool", [x], attrs, native)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(pool, "BAND_FLOATS", band_floats)
+        agree("AveragePool", [x], attrs, native)
 
 
 def test_pools_match_reference(native):
@@ -118,9 +129,11 @@ def test_pools_match_reference(native):
             check(op, [x], attrs, native=native)
 
 
+@pytest.mark.parametrize("band_floats", BANDS)
 @pytest.mark.parametrize("stride, nans", [(2, [(1, 1), (1, 2)]),
                                           (1, [(r, c) for r in (1, 2, 3) for c in (2, 3, 4)])])
-def test_max_pool_propagates_nan_like_numpy(native, stride, nans):
+def test_max_pool_propagates_nan_like_numpy(native, band_floats, stride, nans, monkeypatch):
+    monkeypatch.setattr(pool, "BAND_FLOATS", band_floats)
     x = randn(1, 2, 6, 6)
     x[0, 0, 2, 3] = np.nan
     attrs = {"kernel_shape": [3, 3], "strides": [stride, stride], "pads": [1, 1, 1, 1]}

@@ -18,13 +18,34 @@ from ..memory import align
 from ..native.bindings import POOL2D
 from .base import Kernel, OpContext, TensorInfo, register
 from . import parallel, window
-from .window import Tap, Window, int_list, plane_scratch, sliding_window, window_of
+from .window import Tap, Window, int_list, sliding_window, window_of
 
 _ALL = (Ellipsis,)
+
+BAND_FLOATS = 4096
+"""Scratch per thread (16 KiB, so that a band's copy stays in L1 beside the rows it reads) in
+which the native loop pools bands of output rows (`pool_band_floats`)."""
 
 SPLIT_BYTES = 1 << 24
 """Pools that read at least this many bytes (input size times the taps per dim) spread their
 plane blocks over omrt's threads; smaller ones cost less than a handoff."""
+
+
+def pool_plane_floats(win: Window, rows: int) -> int:
+    """Floats of scratch the native loop needs to pool a band of `rows` output rows (csrc/pool.c,
+    pool_plane): a padded copy of its input rows Wq * SW wide, their columns pooled (Wq per row),
+    and the output rows SH * Wq apart."""
+    ow, (kh, kw), (sh, sw), (dh, dw) = win.out[1], win.kernel, win.strides, win.dilations
+    wq = -(-((ow - 1) * sw + (kw - 1) * dw + 1) // sw)
+    hp = (rows - 1) * sh + (kh - 1) * dh + 1
+    return max(hp * wq * sw + (kw - 1) * dw, rows * sh * wq) + (hp + sh - 1) * wq
+
+
+def pool_band_floats(win: Window) -> int:
+    """The scratch per thread of the native 2-d loop: the widest band of output rows that fits
+    BAND_FLOATS (the C code finds the same band from it), else one input row (the row path)."""
+    fits = [rows for rows in range(1, win.out[0] + 1) if pool_plane_floats(win, rows) <= BAND_FLOATS]
+    return max(pool_plane_floats(win, fits[-1]) if fits else 0, win.size[1])
 
 
 def _kernel_shape(ctx: OpContext, x: TensorInfo) -> list[int]:
@@ -104,7 +125,7 @@ class _WindowPool(Kernel):
         self.stage_bytes = max(t * self._slot_bytes(self._block(t))
                                for t in range(1, parallel.MAX_SLOTS + 1))
         native_2d = nd == 2 and x.dtype == np.float32
-        self.pitch_bytes = max(plane_scratch(w), align(w.size[-1] * x.dtype.itemsize)) if native_2d else 0
+        self.pitch_bytes = align(pool_band_floats(w) * 4) if native_2d else 0
         """Scratch per thread of the native loop: planned whether or not the model has it."""
         self.stage_bytes = max(self.stage_bytes, parallel.MAX_SLOTS * self.pitch_bytes)
         self.native_pool = ctx.native.get(POOL2D) if ctx.native is not None and native_2d else None
@@ -166,8 +187,7 @@ class _WindowPool(Kernel):
         """The 2-d float32 pool in one native pass over each plane, when the model has the C loop
         and the tensors are contiguous; False when the numpy stages must run instead.
 
-        Each thread has scratch of its own in the workspace: a padded plane for stride-1 pools,
-        else a row."""
+        Each thread has scratch of its own in the workspace (`pool_band_floats`)."""
         if self.native_pool is None or not (x.flags.c_contiguous and y.flags.c_contiguous):
             return False
         threads = parallel.native_threads(nbytes=x.nbytes, slots=parallel.MAX_SLOTS)

@@ -102,8 +102,9 @@ POOL2D = Function(
      Array("scratch", "pitch * min(threads, planes)", write=True, scratch=True),
      Int("pitch"), Int("threads", 1), Int("planes"), Int("H"), Int("W"), Int("OH"), Int("OW"),
      *_window(Int("is_max"))),
-    requires=("pitch >= W", f"SH != 1 or SW != 1 or pitch >= {_PADDED_PLANE} + 2 * (KW - 1) * DW", _TAPS,
-              "is_max <= 1"))
+    requires=("pitch >= W", _TAPS, "is_max <= 1"))
+"""Max or average pools of 2-d planes: in a few flat passes over a padded plane when `pitch` holds one
+(omrt.kernels.pool.pool_plane_floats), else row by row."""
 
 WINOGRAD = Function(
     "winograd", "omrt_winograd_f32",

@@ -13,9 +13,6 @@
 
 #include "omrt_native.h"
 
-/* Inlined into each per-ISA clone of its caller, so that it is compiled for that ISA too. */
-#define OMRT_INLINE inline __attribute__((always_inline))
-
 typedef void (*omrt_pool_fn)(omrt_item_fn fn, void *ctx, int64_t count, int64_t threads);
 
 static omrt_pool_fn omrt_fused_pool = 0;

@@ -27,6 +27,8 @@
 #define OMRT_HOT_AVX2
 #endif
 #define OMRT_EXPORT __attribute__((visibility("default")))
+/* Inlined into each per-ISA clone of its caller, so that it is compiled for that ISA too. */
+#define OMRT_INLINE inline __attribute__((always_inline))
 
 /* Fused activations (omrt.native.bindings.ACTIVATIONS). */
 enum { OMRT_ACT_NONE = 0, OMRT_ACT_RELU = 1, OMRT_ACT_LEAKY = 2, OMRT_ACT_CLIP = 3 };

@@ -34,32 +34,62 @@ static void nan_windows(float *yr, const float *xp, const int64_t *lo, const int
     }
 }
 
-/* One plane of a stride-1 pool on the padded plane (see omrt_pad_plane): the rows, then the
- * columns, each tap one long loop; 0 when the plane holds a NaN (the caller then takes the row
- * path, which propagates it). */
-static int plane_stride1(const float *xp, float *yp, const float *inv_count, float *scratch, int64_t H,
-                         int64_t W, int64_t OH, int64_t OW, int64_t KH, int64_t KW, int64_t DH, int64_t DW,
-                         int64_t PT, int64_t PL, int64_t is_max) {
-    int64_t Wp = OW + (KW - 1) * DW, Hp = OH + (KH - 1) * DH, L = OH * Wp, V = L + (KW - 1) * DW;
-    float *pad = scratch, *rows = scratch + Hp * Wp + (KW - 1) * DW;
-    omrt_pad_plane(xp, pad, is_max ? -INFINITY : 0.0f, H, W, Hp, Wp, (KW - 1) * DW, PT, PL);
-    int nan = 0;
-    for (int64_t i = 0; i < V; i++) rows[i] = pad[i];
-    for (int64_t kh = 1; kh < KH; kh++) {
-        const float *src = pad + kh * DH * Wp;
-        for (int64_t i = 0; i < V; i++) {
-            rows[i] = pool_step(rows[i], src[i], is_max);
-            nan |= src[i] != src[i];
-        }
+/* Floats of scratch the plane path of a pool takes for bands of OH output rows (pool_plane); the
+ * widest band the caller's pitch holds is taken, and planes where not even one row fits go row by
+ * row. */
+static inline int64_t pool_plane_floats(int64_t OH, int64_t OW, int64_t KH, int64_t KW, int64_t SH, int64_t SW,
+                                        int64_t DH, int64_t DW) {
+    int64_t Wq = ((OW - 1) * SW + (KW - 1) * DW + SW) / SW, Hp = (OH - 1) * SH + (KH - 1) * DH + 1;
+    int64_t grid = Hp * Wq * SW + (KW - 1) * DW, out = OH * SH * Wq;
+    return (grid > out ? grid : out) + (Hp + SH - 1) * Wq;
+}
+
+/* dst[i] = op over taps t of src[i * SW + t * step], for i < n; SW is a constant at the call sites
+ * below, so that the compiler vectorizes the strided reads, and so is is_max. */
+static inline void pool_taps(float *dst, const float *src, int64_t n, int64_t SW, int64_t taps, int64_t step,
+                             int64_t is_max) {
+    for (int64_t i = 0; i < n; i++) dst[i] = src[i * SW];
+    for (int64_t t = 1; t < taps; t++)
+        for (int64_t i = 0; i < n; i++) dst[i] = pool_step(dst[i], src[i * SW + t * step], is_max);
+}
+
+static inline void pool_taps_any(float *dst, const float *src, int64_t n, int64_t SW, int64_t taps, int64_t step,
+                                 int64_t is_max) {
+    if (is_max) {
+        if (SW == 1) pool_taps(dst, src, n, 1, taps, step, 1);
+        else if (SW == 2) pool_taps(dst, src, n, 2, taps, step, 1);
+        else pool_taps(dst, src, n, SW, taps, step, 1);
+    } else {
+        if (SW == 1) pool_taps(dst, src, n, 1, taps, step, 0);
+        else if (SW == 2) pool_taps(dst, src, n, 2, taps, step, 0);
+        else pool_taps(dst, src, n, SW, taps, step, 0);
     }
-    for (int64_t i = 0; i < V; i++) nan |= pad[i] != pad[i];
-    if (nan && is_max) return 0;
-    for (int64_t i = 0; i < L; i++) pad[i] = rows[i];
-    for (int64_t kw = 1; kw < KW; kw++)
-        for (int64_t i = 0; i < L; i++) pad[i] = pool_step(pad[i], rows[i + kw * DW], is_max);
+}
+
+/* OH output rows of a plane (a band of them: PT < 0 starts below the plane's top) in a few long
+ * loops over their padded rows (see omrt_pad_plane), however short the rows: the grid's width is a multiple of SW, so its columns pool in one flat pass (SW apart,
+ * Wq = Wp / SW results per row), and the rows of those in another, each output row SH * Wq apart
+ * (the results between them are computed and dropped). 0 when the plane holds a NaN: the row path
+ * then propagates it. */
+static OMRT_INLINE int pool_plane(const float *xp, float *yp, const float *inv_count, float *scratch, int64_t H, int64_t W,
+                      int64_t OH, int64_t OW, int64_t KH, int64_t KW, int64_t SH, int64_t SW, int64_t DH, int64_t DW,
+                      int64_t PT, int64_t PL, int64_t is_max) {
+    const int64_t Wq = ((OW - 1) * SW + (KW - 1) * DW + SW) / SW, Wp = Wq * SW,
+                  Hp = (OH - 1) * SH + (KH - 1) * DH + 1, tail = (KW - 1) * DW;
+    const int64_t grid = Hp * Wp + tail, out = OH * SH * Wq;
+    float *pad = scratch, *cols = scratch + (grid > out ? grid : out), fill = is_max ? -INFINITY : 0.0f;
+    omrt_pad_plane(xp, pad, fill, H, W, Hp, Wp, tail, PT, PL);
+    if (is_max) {
+        int nan = 0;
+        for (int64_t i = 0; i < grid; i++) nan |= pad[i] != pad[i];
+        if (nan) return 0;
+    }
+    pool_taps_any(cols, pad, Hp * Wq, SW, KW, DW, is_max);
+    for (int64_t i = Hp * Wq; i < (Hp + SH - 1) * Wq; i++) cols[i] = fill;
+    pool_taps_any(pad, cols, out, 1, KH, DH * Wq, is_max);
     for (int64_t oh = 0; oh < OH; oh++) {
         float *yr = yp + oh * OW;
-        const float *src = pad + oh * Wp;
+        const float *src = pad + oh * SH * Wq;
         if (is_max) {
             memcpy(yr, src, (size_t)OW * sizeof(float));
         } else {
@@ -83,14 +113,18 @@ static OMRT_HOT void pool_part(void *p, int64_t item, int64_t thread) {
     const float *inv_count = j->inv_count;
     float *scratch = j->scratch + thread * j->pitch;
     float init = is_max ? -INFINITY : 0.0f;
+    int64_t band = OH;
+    while (band > 0 && pool_plane_floats(band, OW, KH, KW, SH, SW, DH, DW) > j->pitch) band--;
     int64_t lo[KW], hi[KW];
     for (int64_t kw = 0; kw < KW; kw++) omrt_span(kw * DW - PL, W, SW, OW, &lo[kw], &hi[kw]);
     for (int64_t p = omrt_part(j->planes, j->parts, item); p < omrt_part(j->planes, j->parts, item + 1); p++) {
         const float *xp = j->x + p * H * W;
         float *yp = j->y + p * OH * OW;
-        if (SH == 1 && SW == 1 &&
-            plane_stride1(xp, yp, inv_count, scratch, H, W, OH, OW, KH, KW, DH, DW, PT, PL, is_max))
-            continue;
+        int banded = band > 0;
+        for (int64_t o0 = 0; banded && o0 < OH; o0 += band)
+            banded = pool_plane(xp, yp + o0 * OW, is_max ? NULL : inv_count + o0 * OW, scratch, H, W,
+                                OH - o0 < band ? OH - o0 : band, OW, KH, KW, SH, SW, DH, DW, PT - o0 * SH, PL, is_max);
+        if (banded) continue;
         for (int64_t oh = 0; oh < OH; oh++) {
             float *yr = yp + oh * OW;
             for (int64_t iw = 0; iw < W; iw++) scratch[iw] = init;
@@ -121,9 +155,11 @@ static OMRT_HOT void pool_part(void *p, int64_t item, int64_t thread) {
     }
 }
 
-/* y[p] = pool of x[p] for each of the `planes` planes, split over `threads` threads. Stride-1
- * pools run on a padded plane in scratch (see omrt_pad_plane); the others one output row at a
- * time: the rows its windows read are first reduced into scratch (W floats), then the columns.
+/* y[p] = pool of x[p] for each of the `planes` planes, split over `threads` threads. Planes pool in
+ * bands of output rows, each in a few flat passes over a padded copy (pool_plane), the widest band
+ * whose pool_plane_floats `pitch` holds; where not even one row fits (pitch is at least W), one
+ * output row at a time: the rows its windows read are first reduced into scratch (W floats), then
+ * the columns.
  * Each thread's scratch is `pitch` floats after the previous one's. `inv_count` (OH*OW) holds
  * 1 / the divisor of each window for average pooling (ignored for max). Reads outside the input
  * are padding: -inf for max, nothing for average (the divisor says whether pads count). */
