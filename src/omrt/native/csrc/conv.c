@@ -65,7 +65,7 @@ typedef struct {
 } dw_job;
 
 /* Planes [part starts, next part starts) of the N x M, one by one (wide planes). */
-static void plane_part(void *p, int64_t item, int64_t thread) {
+static OMRT_HOT void plane_part(void *p, int64_t item, int64_t thread) {
     const dw_job *j = p;
     int64_t lo[j->KW], hi[j->KW];
     for (int64_t kw = 0; kw < j->KW; kw++) omrt_span(kw * j->DW - j->PL, j->W, j->SW, j->OW, &lo[kw], &hi[kw]);
@@ -86,7 +86,7 @@ static void plane_part(void *p, int64_t item, int64_t thread) {
 
 /* The padded input rows [i0, i0 + rows) of the block's planes, `wide` columns from -PL, lanes
  * interleaved; lanes past the last channel and pixels outside the image are zero. */
-static void dw_gather(const dw_job *j, int64_t n, int64_t c0, int64_t lanes, int64_t i0, int64_t rows, int64_t wide,
+static OMRT_INLINE void dw_gather(const dw_job *j, int64_t n, int64_t c0, int64_t lanes, int64_t i0, int64_t rows, int64_t wide,
                       float *in) {
     for (int64_t i = 0; i < rows * wide * DW_LANES; i++) in[i] = 0.0f;
     for (int64_t l = 0; l < lanes; l++) {
@@ -117,7 +117,7 @@ static OMRT_HOT void dw_compute(const dw_job *j, const float *in, int64_t wide, 
 }
 
 /* Item (image, block of 16 channels, band of output rows) on the thread's scratch (narrow planes). */
-static void block_part(void *p, int64_t item, int64_t thread) {
+static OMRT_HOT void block_part(void *p, int64_t item, int64_t thread) {
     const dw_job *j = p;
     const int64_t band = item % j->bands, block = item / j->bands % j->blocks, n = item / j->bands / j->blocks;
     const int64_t c0 = block * DW_LANES, lanes = j->M - c0 < DW_LANES ? j->M - c0 : DW_LANES;
