@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from kernel_check import check, randn, reference, run_kernel
 import omrt
 from omrt.kernels import OpContext, TensorInfo, elementwise, lookup, winograd
+from omrt.kernels import conv as conv_module
 from omrt.kernels import parallel, pool
 from omrt.kernels import window as window_module
 
@@ -142,12 +143,14 @@ def test_max_pool_propagates_nan_like_numpy(native, band_floats, stride, nans, m
 
 
 @pytest.mark.parametrize("threads", [1, 2], indirect=True)
+@pytest.mark.parametrize("band_bytes", [conv_module.DEPTHWISE_BAND_BYTES, 2048])
 @SETTINGS
 @given(windows(5, 40), st.integers(1, 2), st.sampled_from([None, "Relu", "Clip", "LeakyRelu"]),
        st.integers(1, 2), st.booleans(), st.sampled_from([3, 20]))
-def test_depthwise_conv_matches_numpy_path(native, threads, window, dilation, act, mult, bias, channels):
+def test_depthwise_conv_matches_numpy_path(native, threads, band_bytes, window, dilation, act, mult, bias, channels):
     """Narrow planes (under 16 output columns) go 16 channels at a time, 20 channels making a
-    full block and a partial one; wide planes go plane by plane."""
+    full block and a partial one; wide planes go plane by plane split into stride phases. Both
+    go in bands of output rows: whole planes, or (with little scratch) a few rows."""
     attrs, (h, w) = window
     kh, kw = attrs["kernel_shape"]
     if (kh - 1) * dilation + 1 > h + attrs["pads"][0] + attrs["pads"][2] or \
@@ -159,8 +162,10 @@ def test_depthwise_conv_matches_numpy_path(native, threads, window, dilation, ac
     inputs = [x, weight] + ([randn(channels * mult)] if bias else [])
     fused = {} if act is None else {"_act": act, "_act_alpha": -0.5 if act == "Clip" else 0.1,
                                     "_act_beta": 0.5 if act == "Clip" else 0.0}
-    assert _uses_native("Conv", x, weight, {**attrs, **fused}, native)
-    agree("Conv", inputs, {**attrs, **fused}, native)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(conv_module, "DEPTHWISE_BAND_BYTES", band_bytes)
+        assert _uses_native("Conv", x, weight, {**attrs, **fused}, native)
+        agree("Conv", inputs, {**attrs, **fused}, native)
 
 
 def test_depthwise_conv_matches_reference(native):

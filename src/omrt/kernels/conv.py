@@ -19,7 +19,7 @@ from ..memory import align
 from ..native.bindings import CONV2D, DWCONV2D, IM2COL2D, activation_code
 from . import parallel, window
 from .base import FUSED_ACTIVATIONS, Dim, Kernel, OpContext, TensorInfo, apply_activation, register
-from .window import (_Chunk, _chunks, _plan_chunks, _row_chunks, plane_scratch, sliding_window,
+from .window import (_Chunk, _chunks, _plan_chunks, _row_chunks, sliding_window,
                      strided_columns, window_of)
 
 DEPTHWISE_LANES = 16
@@ -171,22 +171,23 @@ class Conv(Kernel):
         self.workspace_bytes = max(self.workspace_bytes, parallel.MAX_SLOTS * self.band_bytes)
 
     def _band(self, x: TensorInfo, channels: int) -> tuple[int, int]:
-        """(output rows, bytes of scratch) per item of the native depthwise loop. Narrow planes go
-        16 channels at a time (csrc/conv.c, block_part) in bands of as many output rows as keep the
-        scratch under DEPTHWISE_BAND_BYTES; wide ones plane by plane, a stride-1 layer padding
-        each in the scratch. Planned whether or not the model will have that loop, so that plans
-        do not depend on it."""
+        """(output rows, bytes of scratch) per item of the native depthwise loop: as many output
+        rows as keep the scratch under DEPTHWISE_BAND_BYTES. Narrow planes go 16 channels at a
+        time (csrc/conv.c, block_part), wide ones plane by plane, each band of rows split into
+        its stride phases (dw_band). Planned whether or not the model will have that loop, so
+        that plans do not depend on it."""
         if self.group != channels or x.rank != 4 or x.dtype != np.float32:
             return 0, 0
         (oh, ow), (kh, kw), (sh, sw), (dh, dw) = self.win.out, self.win.kernel, self.win.strides, self.win.dilations
-        if ow >= DEPTHWISE_WIDE_PLANE:
-            return oh, plane_scratch(self.win)
         wide = (ow - 1) * sw + (kw - 1) * dw + 1
+        wq = -(-wide // sw)
 
         def floats(rows: int) -> int:
+            if ow >= DEPTHWISE_WIDE_PLANE:
+                return sh * sw * ((rows + (kh - 1) * dh // sh) * wq + (kw - 1) * dw // sw) + rows * wq
             return DEPTHWISE_LANES * (kh * kw + ((rows - 1) * sh + (kh - 1) * dh + 1) * wide + rows * ow)
 
-        band = max(1, min(oh, next((r for r in range(oh, 0, -1) if 4 * floats(r) <= DEPTHWISE_BAND_BYTES), 1)))
+        band = next((r for r in range(oh, 0, -1) if 4 * floats(r) <= DEPTHWISE_BAND_BYTES), 1)
         return band, align(4 * floats(band))
 
     def fit_workspace(self, nbytes: int) -> bool:

@@ -17,7 +17,6 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from ..errors import ShapeError
-from ..memory import align
 from .base import Dim, OpContext
 
 WORKSPACE_CAP = 1 << 20
@@ -234,17 +233,6 @@ def strided_columns(image: np.ndarray, win: Window, first: int, last: int) -> np
                       (image.shape[0],) + win.kernel + (last - first,) + win.out[1:],
                       (c, *(t * d for t, d in zip(steps, win.dilations)),
                        *(t * s for t, s in zip(steps, win.strides))), writeable=False)
-
-
-def plane_scratch(win: Window) -> int:
-    """Bytes a native stride-1 2-d window loop needs per thread for its padded plane and sums
-    (csrc/omrt_native.h, omrt_pad_plane); 0 for other windows."""
-    if len(win.kernel) != 2 or win.strides != (1, 1):
-        return 0
-    (oh, ow), (kh, kw), (dh, dw) = win.out, win.kernel, win.dilations
-    padded_width = ow + (kw - 1) * dw
-    floats = (2 * oh + (kh - 1) * dh) * padded_width + 2 * (kw - 1) * dw
-    return align(floats * 4)
 
 
 # ----------------------------------------------------------------------------- column buffers (im2col, col2im)

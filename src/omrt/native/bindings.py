@@ -31,8 +31,6 @@ def _window(*extra: Int) -> tuple[Int, ...]:
 _ACT = (Int("act"), Float("alpha"), Float("beta"))
 _TAPS = "KW <= MAX_TAPS"
 _ACT_KNOWN = "act <= 3"
-_PADDED_PLANE = "(2 * OH + (KH - 1) * DH) * (OW + (KW - 1) * DW)"
-"""Floats of a padded plane and its sums, less the tail (see omrt_pad_plane)."""
 
 USE_BLAS = Function("workers", "omrt_use_blas", (Address("sgemm"), Address("sgemv"), Int("ilp64")))
 
@@ -44,16 +42,19 @@ DWCONV2D = Function(
     "conv", "omrt_dwconv2d_f32",
     (Array("x", "N * (M // mult) * H * W"), Array("w", "M * KH * KW"), Array("bias", "M", optional=True),
      Array("y", "N * M * OH * OW", write=True),
-     Array("scratch", "pitch * min(threads, N * M if OW >= 16 else N * -(-M // 16) * -(-OH // band)) "
-                      "if OW < 16 or (SH == 1 and SW == 1) else 0", write=True, scratch=True),
+     Array("scratch", "pitch * min(threads, N * M if OW >= 16 else N * -(-M // 16) * -(-OH // band))",
+           write=True, scratch=True),
      Int("pitch"), Int("band", 1), Int("threads", 1), Int("N"), Int("M"), Int("mult", 1), Int("H"), Int("W"),
      Int("OH"), Int("OW"), *_window(), *_ACT),
-    derived=(("wide", "(OW - 1) * SW + (KW - 1) * DW + 1"), ("rows", "(min(band, OH) - 1) * SH + (KH - 1) * DH + 1")),
+    derived=(("wide", "(OW - 1) * SW + (KW - 1) * DW + 1"), ("rows", "(min(band, OH) - 1) * SH + (KH - 1) * DH + 1"),
+             ("Wq", "(wide + SW - 1) // SW"),
+             ("phase", "(min(band, OH) + (KH - 1) * DH // SH) * Wq + (KW - 1) * DW // SW")),
     requires=("M % mult == 0", _TAPS, _ACT_KNOWN,
-              f"OW < 16 or SH != 1 or SW != 1 or pitch >= {_PADDED_PLANE} + (KW - 1) * DW",
+              "OW < 16 or pitch >= SH * SW * phase + min(band, OH) * Wq",
               "OW >= 16 or pitch >= 16 * (KH * KW + rows * wide + min(band, OH) * OW)"))
-"""Depthwise layers: planes of 16 or more output columns one by one (stride 1 on a padded plane
-in the scratch), narrower ones 16 channels at a time in bands of `band` output rows."""
+"""Depthwise layers: planes of 16 or more output columns one by one, in bands of `band` output rows
+split into stride phases in the scratch, narrower ones 16 channels at a time in bands of `band`
+output rows."""
 
 IM2COL2D = Function(
     "conv", "omrt_im2col_f32",

@@ -2,56 +2,11 @@
  * and the im2col gather of the dense layers that BLAS then multiplies. */
 #include "omrt_gemm.h"
 
-/* One output plane of a stride-1 layer, on the padded plane (see omrt_pad_plane). */
-static inline void plane_stride1(const float *xp, const float *wp, float b, float *yp, float *scratch, int64_t H,
-                          int64_t W, int64_t OH, int64_t OW, int64_t KH, int64_t KW, int64_t DH, int64_t DW,
-                          int64_t PT, int64_t PL) {
-    int64_t Wp = OW + (KW - 1) * DW, Hp = OH + (KH - 1) * DH, L = OH * Wp;
-    float *pad = scratch, *acc = scratch + Hp * Wp + (KW - 1) * DW;
-    omrt_pad_plane(xp, pad, 0.0f, H, W, Hp, Wp, (KW - 1) * DW, PT, PL);
-    for (int64_t i = 0; i < L; i++) acc[i] = b;
-    for (int64_t kh = 0; kh < KH; kh++)
-        for (int64_t kw = 0; kw < KW; kw++) {
-            const float *src = pad + kh * DH * Wp + kw * DW;
-            float wv = wp[kh * KW + kw];
-            for (int64_t i = 0; i < L; i++) acc[i] += wv * src[i];
-        }
-    for (int64_t oh = 0; oh < OH; oh++) memcpy(yp + oh * OW, acc + oh * Wp, (size_t)OW * sizeof(float));
-}
-
-/* yr[ow] += wv * xr[ow * SW + shift] over [lo, hi); SW is a constant at the call sites. */
-static inline void row_tap(float *yr, const float *xr, float wv, int64_t lo, int64_t hi, int64_t SW,
-                           int64_t shift) {
-    for (int64_t ow = lo; ow < hi; ow++) yr[ow] += wv * xr[ow * SW + shift];
-}
-
-/* One output plane of a strided layer, row by row. */
-static inline void plane_strided(const float *xp, const float *wp, float b, float *yp, const int64_t *lo,
-                          const int64_t *hi, int64_t H, int64_t W, int64_t OH, int64_t OW, int64_t KH,
-                          int64_t KW, int64_t SH, int64_t SW, int64_t DH, int64_t DW, int64_t PT, int64_t PL) {
-    for (int64_t oh = 0; oh < OH; oh++) {
-        float *yr = yp + oh * OW;
-        for (int64_t ow = 0; ow < OW; ow++) yr[ow] = b;
-        for (int64_t kh = 0; kh < KH; kh++) {
-            int64_t ih = oh * SH + kh * DH - PT;
-            if (ih < 0 || ih >= H) continue;
-            const float *xr = xp + ih * W;
-            for (int64_t kw = 0; kw < KW; kw++) {
-                float wv = wp[kh * KW + kw];
-                if (SW == 2)
-                    row_tap(yr, xr, wv, lo[kw], hi[kw], 2, kw * DW - PL);
-                else
-                    row_tap(yr, xr, wv, lo[kw], hi[kw], SW, kw * DW - PL);
-            }
-        }
-    }
-}
-
 /* Layers of narrow planes (fewer than DW_WIDE_PLANE output columns) run 16 channels at a time,
  * one vector lane each: a band of output rows of 16 planes is copied, zero-padded, into scratch
  * with the channels interleaved, every output pixel is then one vector per tap (a 7x7 plane with
  * a 5x5 window keeps all 16 lanes busy, where a loop along the plane's rows would not), and the
- * band is copied back into the 16 output planes. Wider planes run plane by plane (above): their
+ * band is copied back into the 16 output planes. Wider planes run plane by plane (below): their
  * rows are long enough for vectors, and interleaving would cost more than the taps. */
 #define DW_WIDE_PLANE 16
 #define DW_LANES 16
@@ -64,22 +19,72 @@ typedef struct {
     float alpha, beta;
 } dw_job;
 
-/* Planes [part starts, next part starts) of the N x M, one by one (wide planes). */
+/* Wide planes go a band of output rows at a time, every tap one flat loop over the whole band:
+ * the band's padded input is first split into SH x SW phases (phase (a, b) holds the padded rows
+ * a, a + SH, ... and in them the columns b, b + SW, ...), Wq = wide / SW columns each, so that tap
+ * (kh, kw) reads one phase at one offset for every output pixel. Output rows come out Wq apart
+ * (the columns past OW are computed and dropped). Stride 1 is one phase: the padded band. */
+static inline int64_t dw_phase_width(const dw_job *j) {
+    return ((j->OW - 1) * j->SW + (j->KW - 1) * j->DW + j->SW) / j->SW;
+}
+
+/* Phase (a, b) of the padded input rows from `top` (may be < 0: padding) of plane xp: Hq rows of
+ * Wq columns, then `tail` zeros; SW is a constant at the call sites. */
+static OMRT_INLINE void dw_phase(const dw_job *j, const float *xp, float *ph, int64_t top, int64_t a, int64_t b,
+                                 int64_t Hq, int64_t Wq, int64_t tail, int64_t SW) {
+    const int64_t SH = j->SH, first = j->PL - b > 0 ? (j->PL - b + SW - 1) / SW : 0;
+    const int64_t end = (j->W + j->PL - b + SW - 1) / SW, last = end < Wq ? end : Wq;
+    for (int64_t r = 0; r < Hq; r++, ph += Wq) {
+        const int64_t ih = top + r * SH + a;
+        if (ih < 0 || ih >= j->H || last <= first) {
+            for (int64_t c = 0; c < Wq; c++) ph[c] = 0.0f;
+            continue;
+        }
+        const float *row = xp + ih * j->W;
+        const int64_t shift = b - j->PL;
+        for (int64_t c = 0; c < first; c++) ph[c] = 0.0f;
+        for (int64_t c = first; c < last; c++) ph[c] = row[c * SW + shift];
+        for (int64_t c = last; c < Wq; c++) ph[c] = 0.0f;
+    }
+    for (int64_t i = 0; i < tail; i++) ph[i] = 0.0f;
+}
+
+/* Output rows [o0, o0 + rows) of plane q (input plane xp, filter wp, bias b) through its phases. */
+static OMRT_INLINE void dw_band(const dw_job *j, const float *xp, const float *wp, float b, float *yp, float *scratch,
+                                int64_t o0, int64_t rows) {
+    const int64_t SH = j->SH, SW = j->SW, Wq = dw_phase_width(j), Hq = rows + (j->KH - 1) * j->DH / SH;
+    const int64_t tail = (j->KW - 1) * j->DW / SW, size = Hq * Wq + tail, L = rows * Wq, top = o0 * SH - j->PT;
+    for (int64_t a = 0; a < SH; a++)
+        for (int64_t c = 0; c < SW; c++) {
+            float *ph = scratch + (a * SW + c) * size;
+            if (SW == 1) dw_phase(j, xp, ph, top, a, c, Hq, Wq, tail, 1);
+            else if (SW == 2) dw_phase(j, xp, ph, top, a, c, Hq, Wq, tail, 2);
+            else dw_phase(j, xp, ph, top, a, c, Hq, Wq, tail, SW);
+        }
+    float *acc = scratch + SH * SW * size;
+    for (int64_t i = 0; i < L; i++) acc[i] = b;
+    for (int64_t kh = 0; kh < j->KH; kh++)
+        for (int64_t kw = 0; kw < j->KW; kw++) {
+            const int64_t ry = kh * j->DH, rx = kw * j->DW;
+            const float *src = scratch + (ry % SH * SW + rx % SW) * size + ry / SH * Wq + rx / SW;
+            const float wv = wp[kh * j->KW + kw];
+            for (int64_t i = 0; i < L; i++) acc[i] += wv * src[i];
+        }
+    for (int64_t oh = 0; oh < rows; oh++) memcpy(yp + (o0 + oh) * j->OW, acc + oh * Wq, (size_t)j->OW * sizeof(float));
+}
+
+/* Planes [part starts, next part starts) of the N x M, one by one, `band` output rows at a time
+ * (wide planes). */
 static OMRT_HOT void plane_part(void *p, int64_t item, int64_t thread) {
     const dw_job *j = p;
-    int64_t lo[j->KW], hi[j->KW];
-    for (int64_t kw = 0; kw < j->KW; kw++) omrt_span(kw * j->DW - j->PL, j->W, j->SW, j->OW, &lo[kw], &hi[kw]);
+    float *scratch = j->scratch + thread * j->pitch;
     for (int64_t q = omrt_part(j->N * j->M, j->parts, item); q < omrt_part(j->N * j->M, j->parts, item + 1); q++) {
         int64_t n = q / j->M, m = q % j->M;
         const float *xp = j->x + (n * (j->M / j->mult) + m / j->mult) * j->H * j->W;
         float *yp = j->y + q * j->OH * j->OW;
         float b = j->bias ? j->bias[m] : 0.0f;
-        if (j->SH == 1 && j->SW == 1)
-            plane_stride1(xp, j->w + m * j->KH * j->KW, b, yp, j->scratch + thread * j->pitch, j->H, j->W, j->OH,
-                          j->OW, j->KH, j->KW, j->DH, j->DW, j->PT, j->PL);
-        else
-            plane_strided(xp, j->w + m * j->KH * j->KW, b, yp, lo, hi, j->H, j->W, j->OH, j->OW, j->KH, j->KW,
-                          j->SH, j->SW, j->DH, j->DW, j->PT, j->PL);
+        for (int64_t o0 = 0; o0 < j->OH; o0 += j->band)
+            dw_band(j, xp, j->w + m * j->KH * j->KW, b, yp, scratch, o0, j->OH - o0 < j->band ? j->OH - o0 : j->band);
         omrt_activate(yp, j->OH * j->OW, j->act, j->alpha, j->beta);
     }
 }
@@ -143,8 +148,8 @@ static OMRT_HOT void block_part(void *p, int64_t item, int64_t thread) {
 /* y (N x M planes of OH x OW): plane (n, m) reads input plane (n, m / mult) of x (N x M/mult
  * planes of H x W) with filter w[m] (KH x KW), adds bias[m] (when bias is not NULL) and applies
  * the fused activation `act`, over `threads` threads, each with `pitch` floats of scratch. Wide
- * planes go plane by plane (stride-1 layers pad each into the scratch, see omrt_pad_plane);
- * narrow ones in items of 16 channels by `band` output rows (see block_part). */
+ * planes go plane by plane, `band` output rows at a time (see dw_band); narrow ones in items of
+ * 16 channels by `band` output rows (see block_part). */
 OMRT_EXPORT void omrt_dwconv2d_f32(const float *x, const float *w, const float *bias, float *y, float *scratch,
                                    int64_t pitch, int64_t band, int64_t threads, int64_t N, int64_t M, int64_t mult,
                                    int64_t H, int64_t W, int64_t OH, int64_t OW, int64_t KH, int64_t KW, int64_t SH,

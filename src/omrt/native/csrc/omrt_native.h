@@ -104,21 +104,4 @@ static inline void omrt_span(int64_t shift, int64_t size, int64_t stride, int64_
     if (*hi < *lo) *hi = *lo;
 }
 
-/* Stride-1 window loops work on a padded copy of each plane: the plane (H x W) placed at row
- * PT, column PL of a grid Hp = OH + (KH-1)*DH rows by Wp = OW + (KW-1)*DW columns, followed by
- * (KW-1)*DW floats, every element outside the plane `fill`. Each tap (kh, kw) is then one long
- * loop over all OH rows at once, element i reading i + kh*DH*Wp + kw*DW; the Wp - OW extra
- * columns of each row are computed and dropped. Scratch per plane: the grid, then as much again
- * for sums: (Hp + OH) * Wp + 2 * (KW-1) * DW floats. */
-static inline void omrt_pad_plane(const float *xp, float *pad, float fill, int64_t H, int64_t W, int64_t Hp,
-                                  int64_t Wp, int64_t tail, int64_t PT, int64_t PL) {
-    for (int64_t i = 0; i < Hp * Wp + tail; i++) pad[i] = fill;
-    int64_t c0 = PL < 0 ? -PL : 0, c1 = W < Wp - PL ? W : Wp - PL;
-    for (int64_t r = 0; r < Hp; r++) {
-        int64_t ih = r - PT;
-        if (ih >= 0 && ih < H && c1 > c0)
-            memcpy(pad + r * Wp + PL + c0, xp + ih * W + c0, (size_t)(c1 - c0) * sizeof(float));
-    }
-}
-
 #endif

@@ -34,6 +34,20 @@ static void nan_windows(float *yr, const float *xp, const int64_t *lo, const int
     }
 }
 
+/* The input rows of a band, padded: the plane (H x W) placed at row PT (< 0: the band starts
+ * below the plane's top), column PL of a grid of Hp x Wp, then `tail` more floats, every element
+ * outside the plane `fill`. */
+static inline void pad_band(const float *xp, float *pad, float fill, int64_t H, int64_t W, int64_t Hp, int64_t Wp,
+                            int64_t tail, int64_t PT, int64_t PL) {
+    for (int64_t i = 0; i < Hp * Wp + tail; i++) pad[i] = fill;
+    int64_t c0 = PL < 0 ? -PL : 0, c1 = W < Wp - PL ? W : Wp - PL;
+    for (int64_t r = 0; r < Hp; r++) {
+        int64_t ih = r - PT;
+        if (ih >= 0 && ih < H && c1 > c0)
+            memcpy(pad + r * Wp + PL + c0, xp + ih * W + c0, (size_t)(c1 - c0) * sizeof(float));
+    }
+}
+
 /* Floats of scratch the plane path of a pool takes for bands of OH output rows (pool_plane); the
  * widest band the caller's pitch holds is taken, and planes where not even one row fits go row by
  * row. */
@@ -67,18 +81,18 @@ static inline void pool_taps_any(float *dst, const float *src, int64_t n, int64_
 }
 
 /* OH output rows of a plane (a band of them: PT < 0 starts below the plane's top) in a few long
- * loops over their padded rows (see omrt_pad_plane), however short the rows: the grid's width is a multiple of SW, so its columns pool in one flat pass (SW apart,
- * Wq = Wp / SW results per row), and the rows of those in another, each output row SH * Wq apart
- * (the results between them are computed and dropped). 0 when the plane holds a NaN: the row path
- * then propagates it. */
-static OMRT_INLINE int pool_plane(const float *xp, float *yp, const float *inv_count, float *scratch, int64_t H, int64_t W,
-                      int64_t OH, int64_t OW, int64_t KH, int64_t KW, int64_t SH, int64_t SW, int64_t DH, int64_t DW,
-                      int64_t PT, int64_t PL, int64_t is_max) {
+ * loops over their padded rows (see pad_band), however short the rows: the grid's width is a
+ * multiple of SW, so its columns pool in one flat pass (SW apart, Wq = Wp / SW results per row),
+ * and the rows of those in another, each output row SH * Wq apart (the results between them are
+ * computed and dropped). 0 when the plane holds a NaN: the row path then propagates it. */
+static OMRT_INLINE int pool_plane(const float *xp, float *yp, const float *inv_count, float *scratch, int64_t H,
+                                  int64_t W, int64_t OH, int64_t OW, int64_t KH, int64_t KW, int64_t SH, int64_t SW,
+                                  int64_t DH, int64_t DW, int64_t PT, int64_t PL, int64_t is_max) {
     const int64_t Wq = ((OW - 1) * SW + (KW - 1) * DW + SW) / SW, Wp = Wq * SW,
                   Hp = (OH - 1) * SH + (KH - 1) * DH + 1, tail = (KW - 1) * DW;
     const int64_t grid = Hp * Wp + tail, out = OH * SH * Wq;
     float *pad = scratch, *cols = scratch + (grid > out ? grid : out), fill = is_max ? -INFINITY : 0.0f;
-    omrt_pad_plane(xp, pad, fill, H, W, Hp, Wp, tail, PT, PL);
+    pad_band(xp, pad, fill, H, W, Hp, Wp, tail, PT, PL);
     if (is_max) {
         int nan = 0;
         for (int64_t i = 0; i < grid; i++) nan |= pad[i] != pad[i];
