@@ -12,6 +12,14 @@
 #define DW_LANES 16
 typedef float dw_vec __attribute__((vector_size(DW_LANES * sizeof(float)), aligned(4)));
 
+/* The widest tile of omrt's GEMM (omrt_gemm_level): at 2, the narrow planes' channels are
+ * interleaved and back by AVX-512 transposes. */
+static inline int dw_level(void) {
+    static int level = -1;
+    if (level < 0) level = omrt_gemm_level();
+    return level;
+}
+
 typedef struct {
     const float *x, *w, *bias;
     float *y, *scratch;
@@ -89,21 +97,106 @@ static OMRT_HOT void plane_part(void *p, int64_t item, int64_t thread) {
     }
 }
 
-/* The padded input rows [i0, i0 + rows) of the block's planes, `wide` columns from -PL, lanes
- * interleaved; lanes past the last channel and pixels outside the image are zero. */
-static OMRT_INLINE void dw_gather(const dw_job *j, int64_t n, int64_t c0, int64_t lanes, int64_t i0, int64_t rows, int64_t wide,
-                      float *in) {
+/* The padded input rows [i0, i0 + rows) of the block's planes (the first `lanes` of `planes`),
+ * `wide` columns from -PL, lanes interleaved; lanes past the last channel and pixels outside the
+ * image are zero. */
+static OMRT_INLINE void dw_gather(const dw_job *j, const float *const *planes, int64_t lanes, int64_t i0,
+                                  int64_t rows, int64_t wide, float *in) {
     for (int64_t i = 0; i < rows * wide * DW_LANES; i++) in[i] = 0.0f;
-    for (int64_t l = 0; l < lanes; l++) {
-        const float *plane = j->x + (n * (j->M / j->mult) + (c0 + l) / j->mult) * j->H * j->W;
+    const int64_t lo = j->PL > 0 ? j->PL : 0, hi = j->W + j->PL < wide ? j->W + j->PL : wide;
+    for (int64_t l = 0; l < lanes; l++)
         for (int64_t r = 0; r < rows; r++) {
             const int64_t ih = i0 + r;
             if (ih < 0 || ih >= j->H) continue;
-            const int64_t lo = j->PL > 0 ? j->PL : 0, hi = j->W + j->PL < wide ? j->W + j->PL : wide;
-            const float *row = plane + ih * j->W;
+            const float *row = planes[l] + ih * j->W;
             for (int64_t col = lo; col < hi; col++) in[(r * wide + col) * DW_LANES + l] = row[col - j->PL];
         }
+}
+
+#ifdef OMRT_X86
+/* out[k] = column k of the 16x16 matrix whose rows are r[0..15]. */
+OMRT_AVX512 static inline void dw_transpose16(const __m512 r[16], __m512 out[16]) {
+    __m512 t[16], u[16];
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
     }
+    for (int g = 0; g < 16; g += 4)
+        for (int h = 0; h < 2; h++) {
+            __m512d a = _mm512_castps_pd(t[g + h]), b = _mm512_castps_pd(t[g + 2 + h]);
+            u[g + 2 * h] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, b));
+            u[g + 2 * h + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, b));
+        }
+    for (int e = 0; e < 4; e++) {
+        __m512 s0 = _mm512_shuffle_f32x4(u[e], u[4 + e], 0x44), s1 = _mm512_shuffle_f32x4(u[e], u[4 + e], 0xEE);
+        __m512 s2 = _mm512_shuffle_f32x4(u[8 + e], u[12 + e], 0x44), s3 = _mm512_shuffle_f32x4(u[8 + e], u[12 + e], 0xEE);
+        out[e] = _mm512_shuffle_f32x4(s0, s2, 0x88);
+        out[4 + e] = _mm512_shuffle_f32x4(s0, s2, 0xDD);
+        out[8 + e] = _mm512_shuffle_f32x4(s1, s3, 0x88);
+        out[12 + e] = _mm512_shuffle_f32x4(s1, s3, 0xDD);
+    }
+}
+
+/* Lanes [lo, hi) of 16 set (none when hi <= lo). */
+static inline __mmask16 dw_lanes(int64_t lo, int64_t hi) {
+    lo = lo < 0 ? 0 : lo;
+    hi = hi > 16 ? 16 : hi;
+    return hi > lo ? (__mmask16)(((1u << hi) - 1) & ~((1u << lo) - 1)) : 0;
+}
+
+/* dw_gather, 16 columns of the 16 planes at a time through a transpose: each plane's row is read
+ * with a masked load (the lanes outside it are padding, zero, and never read). */
+OMRT_AVX512 static void dw_gather_avx512(const dw_job *j, const float *const *planes, int64_t i0, int64_t rows,
+                                         int64_t wide, float *in) {
+    for (int64_t r = 0; r < rows; r++) {
+        const int64_t ih = i0 + r;
+        float *dst = in + r * wide * DW_LANES;
+        if (ih < 0 || ih >= j->H) {
+            for (int64_t i = 0; i < wide * DW_LANES; i++) dst[i] = 0.0f;
+            continue;
+        }
+        for (int64_t c = 0; c < wide; c += 16) {
+            const int64_t from = c - j->PL, cols = wide - c < 16 ? wide - c : 16;
+            const __mmask16 inside = dw_lanes(-from, j->W - from);
+            __m512 v[16], t[16];
+            for (int l = 0; l < DW_LANES; l++)
+                v[l] = planes[l] && inside ? _mm512_maskz_loadu_ps(inside, planes[l] + ih * j->W + from)
+                                           : _mm512_setzero_ps();
+            dw_transpose16(v, t);
+            for (int64_t k = 0; k < cols; k++) _mm512_storeu_ps(dst + (c + k) * DW_LANES, t[k]);
+        }
+    }
+}
+
+/* out (count pixels, 16 lanes interleaved) into the first `lanes` of the 16 output planes, 16
+ * pixels at a time through a transpose. */
+OMRT_AVX512 static void dw_scatter_avx512(const float *out, int64_t count, float *const *planes, int64_t lanes) {
+    for (int64_t i = 0; i < count; i += 16) {
+        const int64_t n = count - i < 16 ? count - i : 16;
+        __m512 v[16], t[16];
+        for (int64_t k = 0; k < 16; k++) v[k] = k < n ? _mm512_loadu_ps(out + (i + k) * DW_LANES) : _mm512_setzero_ps();
+        dw_transpose16(v, t);
+        for (int64_t l = 0; l < lanes; l++) _mm512_mask_storeu_ps(planes[l] + i, dw_lanes(0, n), t[l]);
+    }
+}
+#endif
+
+/* DW_PIXELS output pixels of a row at a time, each its own chain of FMAs: one accumulator alone
+ * would wait on its previous FMA at every tap. */
+#define DW_PIXELS 8
+
+/* Output pixels [0, n) of a row, the first reading `at`, into `out`, lanes interleaved. */
+static OMRT_INLINE void dw_pixels(const dw_job *j, const float *at, int64_t wide, const dw_vec *taps,
+                                  const float *bias, int64_t n, float *out) {
+    dw_vec acc[DW_PIXELS];
+    for (int64_t p = 0; p < n; p++) acc[p] = *(const dw_vec *)bias;
+    for (int64_t kh = 0; kh < j->KH; kh++)
+        for (int64_t kw = 0; kw < j->KW; kw++) {
+            const dw_vec t = taps[kh * j->KW + kw];
+            const float *src = at + (kh * j->DH * wide + kw * j->DW) * DW_LANES;
+            for (int64_t p = 0; p < n; p++) acc[p] += t * *(const dw_vec *)(src + p * j->SW * DW_LANES);
+        }
+    for (int64_t p = 0; p < n; p++) *(dw_vec *)(out + p * DW_LANES) = acc[p];
 }
 
 /* Output rows [o0, o1) of the block from the gathered rows, lanes interleaved, bias included. */
@@ -111,13 +204,13 @@ static OMRT_HOT void dw_compute(const dw_job *j, const float *in, int64_t wide, 
                                 const float *bias, int64_t o0, int64_t o1, float *out) {
     const dw_vec *taps = (const dw_vec *)tap;
     for (int64_t oh = o0; oh < o1; oh++)
-        for (int64_t ow = 0; ow < j->OW; ow++) {
-            dw_vec acc = *(const dw_vec *)bias;
+        for (int64_t ow = 0; ow < j->OW; ow += DW_PIXELS) {
             const float *at = in + (((oh - o0) * j->SH) * wide + ow * j->SW) * DW_LANES;
-            for (int64_t kh = 0; kh < j->KH; kh++)
-                for (int64_t kw = 0; kw < j->KW; kw++)
-                    acc += taps[kh * j->KW + kw] * *(const dw_vec *)(at + (kh * j->DH * wide + kw * j->DW) * DW_LANES);
-            *(dw_vec *)(out + ((oh - o0) * j->OW + ow) * DW_LANES) = acc;
+            float *dst = out + ((oh - o0) * j->OW + ow) * DW_LANES;
+            if (j->OW - ow >= DW_PIXELS)
+                dw_pixels(j, at, wide, taps, bias, DW_PIXELS, dst);
+            else
+                dw_pixels(j, at, wide, taps, bias, j->OW - ow, dst);
         }
 }
 
@@ -131,17 +224,31 @@ static OMRT_HOT void block_part(void *p, int64_t item, int64_t thread) {
     const int64_t wide = (j->OW - 1) * j->SW + (j->KW - 1) * j->DW + 1, taps = j->KH * j->KW;
     float *tap = j->scratch + thread * j->pitch, *in = tap + taps * DW_LANES, *out = in + rows * wide * DW_LANES;
     float bias[DW_LANES] = {0};
+    const float *src[DW_LANES] = {0};
+    float *dst[DW_LANES] = {0};
+    for (int64_t l = 0; l < lanes; l++) {
+        src[l] = j->x + (n * (j->M / j->mult) + (c0 + l) / j->mult) * j->H * j->W;
+        dst[l] = j->y + (n * j->M + c0 + l) * j->OH * j->OW + o0 * j->OW;
+    }
     for (int64_t l = 0; l < DW_LANES; l++) {
         for (int64_t t = 0; t < taps; t++) tap[t * DW_LANES + l] = l < lanes ? j->w[(c0 + l) * taps + t] : 0.0f;
         if (j->bias && l < lanes) bias[l] = j->bias[c0 + l];
     }
-    dw_gather(j, n, c0, lanes, o0 * j->SH - j->PT, rows, wide, in);
-    dw_compute(j, in, wide, tap, bias, o0, o1, out);
     const int64_t count = (o1 - o0) * j->OW;
+#ifdef OMRT_X86
+    if (dw_level() == 2) {
+        dw_gather_avx512(j, src, o0 * j->SH - j->PT, rows, wide, in);
+        dw_compute(j, in, wide, tap, bias, o0, o1, out);
+        dw_scatter_avx512(out, count, dst, lanes);
+        for (int64_t l = 0; l < lanes; l++) omrt_activate(dst[l], count, j->act, j->alpha, j->beta);
+        return;
+    }
+#endif
+    dw_gather(j, src, lanes, o0 * j->SH - j->PT, rows, wide, in);
+    dw_compute(j, in, wide, tap, bias, o0, o1, out);
     for (int64_t l = 0; l < lanes; l++) {
-        float *plane = j->y + (n * j->M + c0 + l) * j->OH * j->OW + o0 * j->OW;
-        for (int64_t i = 0; i < count; i++) plane[i] = out[i * DW_LANES + l];
-        omrt_activate(plane, count, j->act, j->alpha, j->beta);
+        for (int64_t i = 0; i < count; i++) dst[l][i] = out[i * DW_LANES + l];
+        omrt_activate(dst[l], count, j->act, j->alpha, j->beta);
     }
 }
 
