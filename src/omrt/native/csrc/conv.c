@@ -57,6 +57,30 @@ static OMRT_INLINE void dw_phase(const dw_job *j, const float *xp, float *ph, in
     for (int64_t i = 0; i < tail; i++) ph[i] = 0.0f;
 }
 
+/* Elements of the band's sums kept in registers through all the taps (four AVX-512 vectors):
+ * summing tap by tap over the whole band would load and store every sum at each tap. */
+#define DW_CHUNK 64
+
+/* acc[i] = b + sum over taps t of w[t] * phases[at[t] + i], for i < n (n < DW_CHUNK: the band's last
+ * elements, a plain loop). */
+static OMRT_INLINE void dw_chunk(const float *phases, const int64_t *at, const float *w, int64_t taps, float b,
+                                 int64_t n, float *acc) {
+    if (n < DW_CHUNK) {
+        for (int64_t i = 0; i < n; i++) acc[i] = b;
+        for (int64_t t = 0; t < taps; t++)
+            for (int64_t i = 0; i < n; i++) acc[i] += w[t] * phases[at[t] + i];
+        return;
+    }
+    dw_vec sum[DW_CHUNK / DW_LANES];
+    for (int k = 0; k < DW_CHUNK / DW_LANES; k++) sum[k] = (dw_vec){0} + b;
+    for (int64_t t = 0; t < taps; t++) {
+        const float *src = phases + at[t];
+        const float wv = w[t];
+        for (int k = 0; k < DW_CHUNK / DW_LANES; k++) sum[k] += wv * *(const dw_vec *)(src + k * DW_LANES);
+    }
+    for (int k = 0; k < DW_CHUNK / DW_LANES; k++) *(dw_vec *)(acc + k * DW_LANES) = sum[k];
+}
+
 /* Output rows [o0, o0 + rows) of plane q (input plane xp, filter wp, bias b) through its phases. */
 static OMRT_INLINE void dw_band(const dw_job *j, const float *xp, const float *wp, float b, float *yp, float *scratch,
                                 int64_t o0, int64_t rows) {
@@ -70,14 +94,15 @@ static OMRT_INLINE void dw_band(const dw_job *j, const float *xp, const float *w
             else dw_phase(j, xp, ph, top, a, c, Hq, Wq, tail, SW);
         }
     float *acc = scratch + SH * SW * size;
-    for (int64_t i = 0; i < L; i++) acc[i] = b;
+    const int64_t taps = j->KH * j->KW;
+    int64_t at[taps];
     for (int64_t kh = 0; kh < j->KH; kh++)
         for (int64_t kw = 0; kw < j->KW; kw++) {
             const int64_t ry = kh * j->DH, rx = kw * j->DW;
-            const float *src = scratch + (ry % SH * SW + rx % SW) * size + ry / SH * Wq + rx / SW;
-            const float wv = wp[kh * j->KW + kw];
-            for (int64_t i = 0; i < L; i++) acc[i] += wv * src[i];
+            at[kh * j->KW + kw] = (ry % SH * SW + rx % SW) * size + ry / SH * Wq + rx / SW;
         }
+    for (int64_t i = 0; i < L; i += DW_CHUNK)
+        dw_chunk(scratch + i, at, wp, taps, b, L - i < DW_CHUNK ? L - i : DW_CHUNK, acc + i);
     for (int64_t oh = 0; oh < rows; oh++) memcpy(yp + (o0 + oh) * j->OW, acc + oh * Wq, (size_t)j->OW * sizeof(float));
 }
 
