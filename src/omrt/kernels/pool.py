@@ -26,6 +26,11 @@ BAND_FLOATS = 4096
 """Scratch per thread (16 KiB, so that a band's copy stays in L1 beside the rows it reads) in
 which the native loop pools bands of output rows (`pool_band_floats`)."""
 
+ROW_PATH_WIDTH = 96
+"""Planes at least this wide pool row by row: their rows are long enough for the row loop's
+vectors, and a band of them would hold few rows (3x3 max pools at stride 2 over 109- and
+112-wide planes ran 1.15-1.22x slower in bands, 56-wide ones 0.81x, 27-wide ones 0.44x)."""
+
 SPLIT_BYTES = 1 << 24
 """Pools that read at least this many bytes (input size times the taps per dim) spread their
 plane blocks over omrt's threads; smaller ones cost less than a handoff."""
@@ -43,8 +48,10 @@ def pool_plane_floats(win: Window, rows: int) -> int:
 
 def pool_band_floats(win: Window) -> int:
     """The scratch per thread of the native 2-d loop: the widest band of output rows that fits
-    BAND_FLOATS (the C code finds the same band from it), else one input row (the row path)."""
-    fits = [rows for rows in range(1, win.out[0] + 1) if pool_plane_floats(win, rows) <= BAND_FLOATS]
+    BAND_FLOATS (the C code finds the same band from it), else one input row (the row path, also
+    for planes ROW_PATH_WIDTH or wider)."""
+    fits = [rows for rows in range(1, win.out[0] + 1) if pool_plane_floats(win, rows) <= BAND_FLOATS
+            and win.size[1] < ROW_PATH_WIDTH]
     return max(pool_plane_floats(win, fits[-1]) if fits else 0, win.size[1])
 
 
