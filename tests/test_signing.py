@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 import omrt
 from omrt import signing
 from omrt.format import HEADER, Entry, OmFile, Part, write
-from omrt.format.container import ENTRY
+from omrt.format.container import ENTRY, VERSION
 from omrt.format.kernelstore import PYTHON_OP, unpack
 from omrt.format.signature import Signature, file_message, message, signed_parts
 from omrt.format.signature import read as read_signature
@@ -164,7 +164,7 @@ def test_signing_covers_every_partition_but_the_signature_and_rewrites_in_place(
     fingerprint, parts = signing.sign(path, keys["alice"][0])
     assert (fingerprint, parts) == (keys["alice"][1], ["MODEL_DEF", "WEIGHTS", "KERNELS", "PLANS", "ENV", "type 99"])
     after = OmFile(path)
-    assert after.version == (1, 3) and after.flags == before.flags == 1
+    assert after.version == before.version == VERSION and after.flags == before.flags == 1
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o644
     assert {t: (e.size, e.digest) for t, e in after.entries.items() if t != Part.SIGNATURE} == \
         {t: (e.size, e.digest) for t, e in before.entries.items()}
@@ -173,7 +173,7 @@ def test_signing_covers_every_partition_but_the_signature_and_rewrites_in_place(
     public = serialization.load_pem_private_key(open(keys["alice"][0], "rb").read(), None).public_key()
     public.verify(record.signature, file_message(after))  # raises unless the signature holds
     assert file_message(after).decode().splitlines()[:4] == [
-        "omrt signed model 1", "version 1.3", "flags 1", "reserved " + "00" * 28]
+        "omrt signed model 1", f"version {VERSION[0]}.{VERSION[1]}", "flags 1", "reserved " + "00" * 28]
     assert len(file_message(after).decode().splitlines()) == 4 + 6
     assert os.listdir(tmp_path) == ["cnn.om"]  # nothing left beside it
 

@@ -22,18 +22,23 @@ from omrt.native.bindings import GEMM_TILES
 from test_native_kernels import ACTS, _activated
 
 
-def _kernel(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, attrs: dict, native) -> packed.PackedConv:
+def _kernel(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, attrs: dict, native,
+            residual: np.ndarray | None = None) -> packed.PackedConv:
     panels = packed.pack_panels(w)
     ctx = OpContext(attrs, 1, name="t", op_type="PackedConv", native=native)
     infos = [TensorInfo(x.dtype, x.shape), TensorInfo(w.dtype, w.shape),
              None if bias is None else TensorInfo(bias.dtype, bias.shape), TensorInfo(panels.dtype, panels.shape)]
-    return packed.PackedConv(ctx, infos, packed.PackedConv.infer(ctx, infos))
+    cls = packed.PackedConv if residual is None else packed.PackedResidualConv
+    if residual is not None:
+        infos.append(TensorInfo(residual.dtype, residual.shape))
+    return cls(ctx, infos, cls.infer(ctx, infos[:4]))
 
 
-def _run(kernel: packed.PackedConv, x, w, bias) -> np.ndarray:
+def _run(kernel: packed.PackedConv, x, w, bias, residual: np.ndarray | None = None) -> np.ndarray:
     """The kernel's output, every float of it written (NaN before), over a workspace of garbage."""
     y = np.full(kernel.outputs[0].shape, np.nan, np.float32)
-    kernel.run([x, w, bias, packed.pack_panels(w)], [y], np.full(kernel.workspace(), 0xCD, np.uint8))
+    inputs = [x, w, bias, packed.pack_panels(w)] + ([] if residual is None else [residual])
+    kernel.run(inputs, [y], np.full(kernel.workspace(), 0xCD, np.uint8))
     return y
 
 
@@ -69,25 +74,31 @@ def test_only_dense_2d_float_layers_with_a_c_activation_are_packed():
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.integers(1, 2), st.integers(1, 20), st.integers(1, 40), st.integers(1, 12), st.integers(1, 12),
        st.integers(1, 5), st.integers(1, 3), st.integers(1, 2), st.lists(st.integers(0, 2), min_size=4, max_size=4),
-       st.sampled_from(sorted(ACTS, key=str)), st.booleans(), st.integers(1, 2))
+       st.sampled_from(sorted(ACTS, key=str)), st.booleans(), st.integers(1, 2), st.booleans(), st.booleans())
 def test_packed_conv_matches_reference(native, monkeypatch, n, c, f, h, w, k, stride, dilation, pads, act, bias,
-                                       threads):
+                                       threads, residual, numpy_path):
+    """Against onnx.reference: act(Conv(X, W, B) [+ R]), through the tile (BLAS for few positions, or
+    on a CPU without a vector tile) or, without the library, numpy."""
     if h + pads[0] + pads[2] < (k - 1) * dilation + 1 or w + pads[1] + pads[3] < (k - 1) * dilation + 1:
         return
     x, weight = randn(n, c, h, w), randn(f, c, k, k)
     b = randn(f) if bias else None
     attrs = {"pads": pads, "strides": [stride, stride], "dilations": [dilation, dilation]}
+    conv = reference("Conv", [x, weight] + ([b] if bias else []), attrs)[0]
+    r = randn(*conv.shape) if residual else None
+    library = None if numpy_path else native
     monkeypatch.setattr(parallel, "NATIVE_SPLIT_FLOPS", 0)
     omrt.set_num_threads(threads)
     try:
-        kernel = _kernel(x, weight, b, {**attrs, **ACTS[act]}, native)
+        kernel = _kernel(x, weight, b, {**attrs, **ACTS[act]}, library, r)
         positions = np.prod(kernel.outputs[0].shape[2:])
         vector_tile = packed.gemm_tile(native) > 0  # else BLAS multiplies (OMRT_GEMM_TILE=c)
-        assert (kernel.native_packed is not None) == (positions >= packed.MIN_POSITIONS and vector_tile)
-        y = _run(kernel, x, weight, b)
+        assert (kernel.native_packed is not None) == (positions >= packed.MIN_POSITIONS and vector_tile
+                                                      and not numpy_path)
+        y = _run(kernel, x, weight, b, r)
     finally:
         omrt.set_num_threads(1)
-    want = _activated(reference("Conv", [x, weight] + ([b] if bias else []), attrs)[0], act)
+    want = _activated(conv if r is None else conv + r, act)
     np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-4 * max(1.0, float(np.abs(want).max())))
 
 
@@ -142,19 +153,22 @@ def test_a_plan_too_small_for_the_strips_runs_as_a_conv(native):
 
 
 def _conv_model(f: int, c: int, size: int) -> onnx.ModelProto:
-    """A pointwise Conv then a padded 3x3 stride-2 one (both packed) and a 3x3 stride-1 one
-    (Winograd), each with bias and Relu, then a product by a matrix with a bias (packed): every
-    path that reads weights derived at compile time."""
+    """A pointwise Conv then a padded 3x3 stride-2 one (both packed), a residual block (a packed
+    pointwise Conv whose output is added to its input, then Relu: one PackedConv) and a 3x3
+    stride-1 Conv (Winograd), each with bias and Relu, then a product by a matrix with a bias
+    (packed): every path that reads weights derived at compile time."""
     rng = np.random.default_rng(3)
     weights = {"w1": rng.standard_normal((f, c, 1, 1)), "w2": rng.standard_normal((f, f, 3, 3)) / 3,
                "w3": rng.standard_normal((f, f, 3, 3)) / 3, "w4": rng.standard_normal((size // 2, 37)) / 3,
-               "b4": rng.standard_normal(37)}
+               "b4": rng.standard_normal(37), "w5": rng.standard_normal((f, f, 1, 1)) / 3}
     inits = [numpy_helper.from_array(v.astype(np.float32), k) for k, v in weights.items()]
-    inits += [numpy_helper.from_array(rng.standard_normal(f).astype(np.float32), f"b{i}") for i in (1, 2, 3)]
+    inits += [numpy_helper.from_array(rng.standard_normal(f).astype(np.float32), f"b{i}") for i in (1, 2, 3, 5)]
     nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"]), helper.make_node("Relu", ["c1"], ["r1"]),
              helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"], pads=[1, 1, 1, 1], strides=[2, 2]),
              helper.make_node("Relu", ["c2"], ["r2"]),
-             helper.make_node("Conv", ["r2", "w3", "b3"], ["c3"], pads=[1, 1, 1, 1]),
+             helper.make_node("Conv", ["r2", "w5", "b5"], ["c5"]), helper.make_node("Add", ["r2", "c5"], ["s5"]),
+             helper.make_node("Relu", ["s5"], ["r5"]),
+             helper.make_node("Conv", ["r5", "w3", "b3"], ["c3"], pads=[1, 1, 1, 1]),
              helper.make_node("MatMul", ["c3", "w4"], ["p"]), helper.make_node("Add", ["p", "b4"], ["y"])]
     graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c, size, size])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
@@ -165,8 +179,10 @@ def _conv_model(f: int, c: int, size: int) -> onnx.ModelProto:
 def packed_om(tmp_path_factory, native):
     path = str(tmp_path_factory.mktemp("packed") / "convs.om")
     omrt.compile(_conv_model(20, 16, 12), path)
-    ops = [n.op_type for n in omrt.load(path).graph.nodes]
-    assert ops == ["PackedConv", "PackedConv", "WinogradConv", "PackedMatMul"], ops
+    nodes = omrt.load(path).graph.nodes
+    ops = [n.op_type for n in nodes]
+    assert ops == ["PackedConv", "PackedConv", "PackedResidualConv", "WinogradConv", "PackedMatMul"], ops
+    assert nodes[2].inputs[packed.RESIDUAL] == nodes[1].outputs[0] and nodes[2].attrs["_act"] == "Relu"
     return path
 
 
@@ -180,7 +196,7 @@ def test_swapped_filters_are_used_not_what_was_packed_from_them(packed_om):
     session = trusted.session()
     assert _scaled_error(session.run({"x": x})["y"], plain.session().run({"x": x})["y"]) < 1e-5
     check = plain.session()
-    for name in ("w1", "w2", "w3", "w4"):
+    for name in ("w1", "w2", "w3", "w4", "w5"):
         new = randn(*plain.graph.constants[name].shape) / 3
         session.set_weight(name, new)
         check.set_weight(name, new)
@@ -253,3 +269,41 @@ def test_a_bias_fed_as_a_strided_view_takes_the_blas_path(native):
     y = np.full(kernel.outputs[0].shape, np.nan, np.float32)
     kernel.run([a, b, wide[::2], packed.pack_strips(b)], [y], np.zeros(kernel.workspace(), np.uint8))
     np.testing.assert_allclose(y, a.astype(np.float64) @ b + wide[::2], rtol=1e-5, atol=1e-5)
+
+
+def _residual_model(case: str) -> onnx.ModelProto:
+    """x -> packed pointwise Conv (c) -> Add(c, other) -> activation; `case` breaks one condition
+    of fusing the Add into the Conv, or none ("fused")."""
+    rng = np.random.default_rng(5)
+    inits = [numpy_helper.from_array((rng.standard_normal((8, 8, 1, 1)) / 3).astype(np.float32), "w"),
+             numpy_helper.from_array(rng.standard_normal((1, 8, 1, 1)).astype(np.float32), "row")]
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"])]
+    conv, other, act = "c", "x", "Relu"
+    if case == "activated conv":
+        nodes.append(helper.make_node("Relu", ["c"], ["rc"]))
+        conv = "rc"
+    if case == "broadcast":
+        other = "row"
+    if case == "sigmoid":
+        act = "Sigmoid"
+    nodes += [helper.make_node("Add", [other, conv], ["s"]), helper.make_node(act, ["s"], ["y"])]
+    outputs = ["y"] + (["c"] if case == "conv read twice" else [])
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 6, 6])],
+                              [helper.make_tensor_value_info(v, TensorProto.FLOAT, None) for v in outputs], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("case", ["fused", "activated conv", "broadcast", "sigmoid", "conv read twice"])
+def test_an_add_of_a_packed_convs_output_folds_into_it_only_when_it_may(native, tmp_path, case):
+    from onnx.reference import ReferenceEvaluator
+
+    model = _residual_model(case)
+    omrt.compile(model, str(tmp_path / "m.om"))
+    loaded = omrt.load(str(tmp_path / "m.om"), trust_kernels=True)
+    nodes = loaded.graph.nodes
+    fused = [n for n in nodes if n.op_type == "PackedResidualConv" and len(n.inputs) > packed.RESIDUAL]
+    assert (len(fused) == len(nodes) == 1) == (case == "fused"), [n.op_type for n in nodes]
+    x = randn(1, 8, 6, 6)
+    want = ReferenceEvaluator(model).run(None, {"x": x})
+    for got, ref in zip(loaded.session().run({"x": x}).values(), want):
+        np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4 * max(1.0, float(np.abs(ref).max())))

@@ -28,7 +28,7 @@ from . import custom
 from ..custom import CustomOp
 from .autofuse import Fused, autofuse as fuse_chains
 from .importer import import_model, load_model
-from .passes import optimize, use_packed_filters, use_packed_products, use_winograd
+from .passes import fuse_residual_adds, optimize, use_packed_filters, use_packed_products, use_winograd
 from .typecheck import check_types
 
 
@@ -88,6 +88,7 @@ def _native_libraries(graph: Graph, compilers: Sequence[str] | None, say: Callab
     if compilers is not None or build.compiler() is not None:
         use_winograd(graph)
         use_packed_filters(graph)
+        fuse_residual_adds(graph)
         use_packed_products(graph)
         if autofuse:
             records, fused = fuse_chains(graph, say, compilers)

@@ -10,6 +10,7 @@ from ..ir import Graph, Node
 from ..kernels import kernel_of, lookup, packed, winograd
 from ..kernels.base import FUSED_ACTIVATIONS, UnsupportedOpError
 from ..kernels.linalg import PERMS
+from ..native.bindings import activation_code
 
 
 def remove_dead_code(graph: Graph) -> Graph:
@@ -558,4 +559,48 @@ def use_packed_products(graph: Graph) -> Graph:
         if b is not None and packed.product_eligible(node.attrs, graph.infos[node.inputs[0]], b,
                                                      graph.infos[bias] if bias else None):
             _derive_weight(graph, node, "PackedMatMul", "__strips", packed.pack_strips)
+    return graph
+
+
+def _residual_operand(graph: Graph, j: int, producers: dict[str, int], uses: dict[str, list[int]]
+                      ) -> tuple[int, str] | None:
+    """(index of the PackedConv, the other operand) when node `j` adds a PackedConv's output (read
+    by nothing else, no activation fused) and a value of exactly its shape and dtype."""
+    add = graph.nodes[j]
+    if (add.op_type not in ("Add", "Sum") or add.domain or len(add.inputs) != 2
+            or activation_code(add.attrs) is None):
+        return None
+    out = graph.infos[add.outputs[0]]
+    for value, other in (add.inputs, add.inputs[::-1]):
+        i = producers.get(value)
+        conv = graph.nodes[i] if i is not None else None
+        if (conv is not None and (conv.op_type, conv.domain) == ("PackedConv", "omrt")
+                and "_act" not in conv.attrs
+                and _sole_consumer(graph, value, uses) == j and other != value
+                and graph.infos[value] == out == graph.infos.get(other)):
+            return i, other
+    return None
+
+
+def fuse_residual_adds(graph: Graph) -> Graph:
+    """PackedConv then Add (or Sum) of its output and a value of its shape, then an activation ->
+    one omrt::PackedResidualConv that adds the value in its tile's epilogue, before the activation
+    (a residual block's shortcut): the layer's output is never written and read back. The fused
+    node takes the Add's place in the order, where both operands are ready."""
+    uses = graph.consumers()
+    producers = graph.producers()
+    drop: set[int] = set()
+    for j, add in enumerate(graph.nodes):
+        found = _residual_operand(graph, j, producers, uses)
+        if found is None or found[0] in drop:
+            continue
+        i, residual = found
+        conv = graph.nodes[i]
+        conv.op_type = "PackedResidualConv"
+        conv.inputs = [*conv.inputs, residual]
+        conv.attrs = {**conv.attrs, **{k: v for k, v in add.attrs.items() if k.startswith("_act")}}
+        conv.outputs = [add.outputs[0]]
+        graph.nodes[j] = conv
+        drop.add(i)
+    graph.nodes = [n for k, n in enumerate(graph.nodes) if k not in drop]
     return graph

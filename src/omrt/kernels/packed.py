@@ -7,12 +7,14 @@ node keeps its own weights: without the library (not trusted, another host, a CP
 vector tile) it runs as the node it was, through numpy or BLAS. With it, PackedConv gathers the
 columns (as Conv's native path does), copies them a block at a time next to the cores, and
 multiplies every panel of filters by each strip; PackedMatMul copies A's rows into panels and
-multiplies them by B's strips. Bias and activation are applied in the tile's registers.
+multiplies them by B's strips. Bias, a PackedConv's residual and the activation are applied in
+the tile's registers.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -34,6 +36,9 @@ STRIP = CONSTANTS["GEMM_MAX_NR"]
 BLOCK_FLOATS = 8192
 """Floats of columns the GEMM copies at a time, per thread: 32 KiB, about an L1 data cache."""
 
+
+RESIDUAL = 4
+"""The input of a PackedResidualConv holding the residual, added before the activation."""
 
 MIN_POSITIONS = 16
 """Layers with fewer output positions per image run as Convs through BLAS: the tile's strip of 32
@@ -81,7 +86,8 @@ def eligible(attrs: dict[str, Any], x: TensorInfo, w: np.ndarray) -> bool:
 
 @register("PackedConv", since=1, domain="omrt")
 class PackedConv(Conv):
-    """Conv(X, W, B) with pack_panels(W) as input 3, multiplied by omrt's own GEMM."""
+    """Conv(X, W, B) with pack_panels(W) as input 3, multiplied by omrt's own GEMM (and, as a
+    PackedResidualConv, a residual R as input 4 added before the activation)."""
 
     native_units = ("conv",)
     derived = ((3, 1),)
@@ -89,17 +95,22 @@ class PackedConv(Conv):
 
     def __init__(self, ctx: OpContext, inputs: Sequence[TensorInfo | None],
                  outputs: Sequence[TensorInfo]) -> None:
+        self.residual = len(inputs) > RESIDUAL and inputs[RESIDUAL] is not None
+        self.post = ctx
+        """The node's context: its activation follows the residual, so the Conv paths run without it."""
+        if self.residual:
+            ctx = replace(ctx, attrs={k: v for k, v in ctx.attrs.items() if not k.startswith("_act")})
         super().__init__(ctx, inputs, outputs)
         taps = math.prod(inputs[1].shape[1:])
         self.block = block_columns(taps)
         self.strip_bytes = align(taps * self.block * 4)
         self.conv_workspace_bytes = self.workspace_bytes
         self.workspace_bytes += parallel.MAX_SLOTS * self.strip_bytes
-        self.native_packed = self._native_packed(ctx, inputs[0])
+        self.native_packed = self._native_packed(self.post, inputs[0])
 
     def _native_packed(self, ctx: OpContext, x: TensorInfo) -> Callable | None:
         """The layer in one native call, its geometry bound, when the model has it; else None.
-        Call it with (x, panels, bias, y, work, strips, step, buffer, block, threads)."""
+        Call it with (x, panels, bias, residual, y, work, strips, step, buffer, block, threads)."""
         fn = ctx.native.get(PCONV2D) if self._native_2d(ctx, x) else None
         act = activation_code(ctx.attrs)
         if fn is None or act is None or math.prod(self.win.out) < MIN_POSITIONS or (
@@ -111,8 +122,12 @@ class PackedConv(Conv):
 
     def run(self, inputs, outputs, workspace):
         x, y = inputs[0], outputs[0]
-        if self.native_packed is None or not (x.flags.c_contiguous and y.flags.c_contiguous) or y.size == 0:
+        r = inputs[RESIDUAL] if self.residual else None
+        if self.native_packed is None or y.size == 0 or not all(v is None or v.flags.c_contiguous for v in (x, y, r)):
             super().run(inputs, outputs, workspace)
+            if r is not None:
+                np.add(y, r, out=y)
+                apply_activation(y, self.post)
             return
         threads = min(parallel.native_threads(self.flops), parallel.MAX_SLOTS)
         step = buffer = 0
@@ -122,7 +137,15 @@ class PackedConv(Conv):
         work = workspace[self.pad_bytes:self.conv_workspace_bytes] if self.mode == "im2col" else None
         strips = workspace[self.conv_workspace_bytes:]
         b = inputs[2] if len(inputs) > 2 else None
-        self.native_packed(x, inputs[3], b, y, work, strips, step, buffer, self.block, threads)
+        self.native_packed(x, inputs[3], b, r, y, work, strips, step, buffer, self.block, threads)
+
+
+@register("PackedResidualConv", since=1, domain="omrt")
+class PackedResidualConv(PackedConv):
+    """act(Conv(X, W, B) + R): a PackedConv and the Add of its output to a residual R (input 4,
+    of its output's shape), the Add done in the tile's registers, so that the layer's output is
+    never written and read back (omrt.compiler.passes.fuse_residual_adds). An op type of its own:
+    an omrt that lacks it refuses the file, where a PackedConv would drop the sum."""
 
 
 MIN_ROWS = PANEL // 2

@@ -79,7 +79,8 @@ CONV2D = Function(
 PCONV2D = Function(
     "conv", "omrt_pconv2d_f32",
     (Array("x", "N * C * H * W"), Array("panels", "-(-M // GEMM_PANEL) * GEMM_PANEL * rows"),
-     Array("bias", "M", optional=True), Array("y", "N * M * OH * OW", write=True),
+     Array("bias", "M", optional=True), Array("residual", "N * M * OH * OW", optional=True),
+     Array("y", "N * M * OH * OW", write=True),
      Array("work", "0 if pointwise else min(threads, chunks) * buffer if buffer else rows * step * OW",
            write=True, scratch=True),
      Array("strips", "threads * rows * block", write=True, scratch=True),
@@ -89,7 +90,8 @@ PCONV2D = Function(
              ("rows", "C * KH * KW"), ("chunks", "N * -(-OH // max(step, 1))")),
     requires=("pointwise or step >= 1", "pointwise or not buffer or buffer >= rows * step * OW",
               "block % GEMM_MAX_NR == 0", _TAPS, _ACT_KNOWN))
-"""Conv of one group, its filters packed at compile time (omrt.kernels.packed), through omrt's own GEMM."""
+"""Conv of one group, its filters packed at compile time (omrt.kernels.packed), through omrt's own GEMM;
+plus a residual laid out as y, when given, before the activation."""
 
 GEMM_TILE = Function("workers", "omrt_gemm_tile", (Array("level", "1", write=True, dtype="int64"),))
 """The widest tile of omrt's GEMM on this CPU: 2 AVX-512, 1 AVX2 and FMA, 0 plain C."""

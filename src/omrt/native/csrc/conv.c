@@ -154,7 +154,8 @@ OMRT_AVX512 static inline void dw_transpose16(const __m512 r[16], __m512 out[16]
         }
     for (int e = 0; e < 4; e++) {
         __m512 s0 = _mm512_shuffle_f32x4(u[e], u[4 + e], 0x44), s1 = _mm512_shuffle_f32x4(u[e], u[4 + e], 0xEE);
-        __m512 s2 = _mm512_shuffle_f32x4(u[8 + e], u[12 + e], 0x44), s3 = _mm512_shuffle_f32x4(u[8 + e], u[12 + e], 0xEE);
+        __m512 s2 = _mm512_shuffle_f32x4(u[8 + e], u[12 + e], 0x44);
+        __m512 s3 = _mm512_shuffle_f32x4(u[8 + e], u[12 + e], 0xEE);
         out[e] = _mm512_shuffle_f32x4(s0, s2, 0x88);
         out[4 + e] = _mm512_shuffle_f32x4(s0, s2, 0xDD);
         out[8 + e] = _mm512_shuffle_f32x4(s1, s3, 0x88);
@@ -335,7 +336,7 @@ OMRT_EXPORT OMRT_HOT void omrt_im2col_f32(const float *x, float *cols, int64_t p
  * soon as it is written, or (with `panels`, one group) through omrt_panel_gemm with them in its
  * epilogue. */
 typedef struct {
-    const float *x, *w, *bias, *panels;
+    const float *x, *w, *bias, *panels, *residual;
     float *y, *work, *strips;
     int64_t N, C, H, W, M, G, OH, OW, KH, KW, SH, SW, DH, DW, PT, PL, act;
     float alpha, beta;
@@ -357,7 +358,8 @@ static void multiply(const conv_job *j, int64_t image, int64_t g, int64_t f0, in
     int64_t m = g * j->Fg + f0;
     float *c = j->y + (image * j->M + m) * j->P + at + p0;
     if (j->panels) {
-        omrt_epilogue e = {j->bias, NULL, j->act, j->alpha, j->beta};
+        omrt_epilogue e = {j->bias, NULL, j->act, j->alpha, j->beta,
+                           j->residual ? j->residual + (c - j->y) : NULL};
         omrt_panel_gemm(j->panels, j->K, m, m + f1 - f0, b + p0, ldb, p1 - p0, c, j->P, &e,
                         j->strips + thread * j->K * j->block, j->block);
         return;
@@ -463,12 +465,13 @@ OMRT_EXPORT void omrt_conv2d_f32(const float *x, const float *w, const float *bi
 
 /* omrt_conv2d_f32 of one group, its filters packed in panels (see omrt_gemm.h) and multiplied by
  * omrt's own GEMM, which copies `block` columns at a time into `strips` (K * block floats per
- * thread). */
-OMRT_EXPORT void omrt_pconv2d_f32(const float *x, const float *panels, const float *bias, float *y, float *work,
-                                  float *strips, int64_t step, int64_t buffer, int64_t block, int64_t threads,
-                                  int64_t N, int64_t C, int64_t H, int64_t W, int64_t M, int64_t OH, int64_t OW,
-                                  int64_t KH, int64_t KW, int64_t SH, int64_t SW, int64_t DH, int64_t DW, int64_t PT,
-                                  int64_t PL, int64_t act, float alpha, float beta) {
-    conv_job j = CONV_JOB(.panels = panels, .strips = strips, .block = block, .G = 1, .K = C * KH * KW, .Fg = M);
+ * thread); `residual` (laid out as y; NULL: none) is added before the activation. */
+OMRT_EXPORT void omrt_pconv2d_f32(const float *x, const float *panels, const float *bias, const float *residual,
+                                  float *y, float *work, float *strips, int64_t step, int64_t buffer, int64_t block,
+                                  int64_t threads, int64_t N, int64_t C, int64_t H, int64_t W, int64_t M, int64_t OH,
+                                  int64_t OW, int64_t KH, int64_t KW, int64_t SH, int64_t SW, int64_t DH, int64_t DW,
+                                  int64_t PT, int64_t PL, int64_t act, float alpha, float beta) {
+    conv_job j = CONV_JOB(.panels = panels, .residual = residual, .strips = strips, .block = block, .G = 1,
+                          .K = C * KH * KW, .Fg = M);
     run_conv(&j, threads);
 }

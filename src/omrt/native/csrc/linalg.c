@@ -76,7 +76,7 @@ static void strip_part(void *p, int64_t item, int64_t thread) {
     const pmm_job *j = p;
     (void)thread;
     const int64_t s = item / j->P, panel = item % j->P;
-    omrt_epilogue e = {NULL, j->bias, j->act, j->alpha, j->beta};
+    omrt_epilogue e = {NULL, j->bias, j->act, j->alpha, j->beta, NULL};
     omrt_strip_tile(j->panels + panel * j->K * OMRT_PANEL, j->strips, s, j->K, j->M, j->N, panel * OMRT_PANEL, j->c,
                     j->ldc, &e);
 }

@@ -31,6 +31,7 @@ typedef struct {
     const float *col_bias; /* per column of the output (NULL: none) */
     int64_t act;
     float alpha, beta;
+    const float *residual; /* laid out as the tile's output, same pitch, added before the activation */
 } omrt_epilogue;
 
 static inline float omrt_act1(float v, const omrt_epilogue *e) {
@@ -55,7 +56,8 @@ static inline void omrt_tile_c(int64_t K, const float *a, const float *b, int64_
         }
         float add = e->bias ? e->bias[r] : 0.0f;
         for (int64_t j = 0; j < cols; j++)
-            c[r * ldc + j] = omrt_act1(acc[j] + add + (e->col_bias ? e->col_bias[j] : 0.0f), e);
+            c[r * ldc + j] = omrt_act1(acc[j] + add + (e->col_bias ? e->col_bias[j] : 0.0f) +
+                                           (e->residual ? e->residual[r * ldc + j] : 0.0f), e);
     }
 }
 
@@ -102,10 +104,14 @@ OMRT_AVX512 static inline void omrt_tile_avx512(int64_t K, const float *a, const
     for (int r = 0; r < OMRT_PANEL; r++) {
         if (r < rows) {
             __m512 add = _mm512_set1_ps(e->bias ? e->bias[r] : 0.0f);
-            _mm512_mask_storeu_ps(c + r * ldc, m0,
-                                  omrt_act16(_mm512_add_ps(acc[r][0], _mm512_add_ps(add, col0)), e));
-            _mm512_mask_storeu_ps(c + r * ldc + 16, m1,
-                                  omrt_act16(_mm512_add_ps(acc[r][1], _mm512_add_ps(add, col1)), e));
+            __m512 v0 = _mm512_add_ps(acc[r][0], _mm512_add_ps(add, col0));
+            __m512 v1 = _mm512_add_ps(acc[r][1], _mm512_add_ps(add, col1));
+            if (e->residual) {
+                v0 = _mm512_add_ps(v0, _mm512_maskz_loadu_ps(m0, e->residual + r * ldc));
+                v1 = _mm512_add_ps(v1, _mm512_maskz_loadu_ps(m1, e->residual + r * ldc + 16));
+            }
+            _mm512_mask_storeu_ps(c + r * ldc, m0, omrt_act16(v0, e));
+            _mm512_mask_storeu_ps(c + r * ldc + 16, m1, omrt_act16(v1, e));
         }
     }
 }
@@ -154,10 +160,14 @@ OMRT_AVX2 static inline void omrt_tile_avx2(int64_t K, const float *a, const flo
     for (int r = 0; r < 6; r++) {
         if (r < rows) {
             __m256 add = _mm256_set1_ps(e->bias ? e->bias[r] : 0.0f);
-            _mm256_maskstore_ps(c + r * ldc, m0,
-                                omrt_act8(_mm256_add_ps(acc[r][0], _mm256_add_ps(add, col0)), e));
-            _mm256_maskstore_ps(c + r * ldc + 8, m1,
-                                omrt_act8(_mm256_add_ps(acc[r][1], _mm256_add_ps(add, col1)), e));
+            __m256 v0 = _mm256_add_ps(acc[r][0], _mm256_add_ps(add, col0));
+            __m256 v1 = _mm256_add_ps(acc[r][1], _mm256_add_ps(add, col1));
+            if (e->residual) {
+                v0 = _mm256_add_ps(v0, _mm256_maskload_ps(e->residual + r * ldc, m0));
+                v1 = _mm256_add_ps(v1, _mm256_maskload_ps(e->residual + r * ldc + 8, m1));
+            }
+            _mm256_maskstore_ps(c + r * ldc, m0, omrt_act8(v0, e));
+            _mm256_maskstore_ps(c + r * ldc + 8, m1, omrt_act8(v1, e));
         }
     }
 }
@@ -217,9 +227,9 @@ static inline void omrt_pack_strips(const float *b, int64_t ldb, int64_t K, int6
 
 /* c (rows [m0, m1) of the output, n columns, pitch ldc) = rows [m0, m1) of the packed weights
  * `panels` (K columns; m0 a multiple of OMRT_PANEL) times b (K x n, pitch ldb), bias (per row,
- * indexed from row 0) and activation applied. b is copied `block` columns at a time (a multiple
- * of OMRT_MAX_NR) into `scratch` (K * block floats), and each panel is multiplied by every strip
- * of the block while it is in L1. */
+ * indexed from row 0), the residual (laid out as c) and activation applied. b is copied `block`
+ * columns at a time (a multiple of OMRT_MAX_NR) into `scratch` (K * block floats), and each panel
+ * is multiplied by every strip of the block while it is in L1. */
 static inline void omrt_panel_gemm(const float *panels, int64_t K, int64_t m0, int64_t m1, const float *b,
                                    int64_t ldb, int64_t n, float *c, int64_t ldc, const omrt_epilogue *e,
                                    float *scratch, int64_t block) {
@@ -228,13 +238,14 @@ static inline void omrt_panel_gemm(const float *panels, int64_t K, int64_t m0, i
         const int64_t w = n - p < block ? n - p : block;
         omrt_pack_strips(b + p, ldb, K, w, kind.nr, scratch);
         for (int64_t m = m0; m < m1; m += kind.rows) {
-            omrt_epilogue at = {e->bias ? e->bias + m : NULL, NULL, e->act, e->alpha, e->beta};
+            omrt_epilogue at = {e->bias ? e->bias + m : NULL, NULL, e->act, e->alpha, e->beta, NULL};
             const float *a = panels + m / OMRT_PANEL * K * OMRT_PANEL + m % OMRT_PANEL;
             const int64_t rows = m1 - m < kind.rows ? m1 - m : kind.rows;
             for (int64_t s = 0; s * kind.nr < w; s++) {
                 const int64_t cols = w - s * kind.nr < kind.nr ? w - s * kind.nr : kind.nr;
-                kind.tile(K, a, scratch + s * K * kind.nr, kind.nr,
-                          c + (m - m0) * ldc + p + s * kind.nr, ldc, rows, cols, &at);
+                const int64_t at_c = (m - m0) * ldc + p + s * kind.nr;
+                at.residual = e->residual ? e->residual + at_c : NULL;
+                kind.tile(K, a, scratch + s * K * kind.nr, kind.nr, c + at_c, ldc, rows, cols, &at);
             }
         }
     }
@@ -262,7 +273,7 @@ static inline void omrt_strip_tile(const float *panel, const float *strips, int6
     const float *b = strips + s * K * OMRT_MAX_NR;
     for (int64_t half = 0; half * kind.nr < OMRT_MAX_NR && s * OMRT_MAX_NR + half * kind.nr < N; half++) {
         const int64_t c0 = s * OMRT_MAX_NR + half * kind.nr, cols = N - c0 < kind.nr ? N - c0 : kind.nr;
-        omrt_epilogue at = {NULL, e->col_bias ? e->col_bias + c0 : NULL, e->act, e->alpha, e->beta};
+        omrt_epilogue at = {NULL, e->col_bias ? e->col_bias + c0 : NULL, e->act, e->alpha, e->beta, NULL};
         for (int64_t r = 0; r < OMRT_PANEL && r0 + r < M; r += kind.rows)
             kind.tile(K, panel + r, b + half * kind.nr, OMRT_MAX_NR, c + (r0 + r) * ldc + c0, ldc,
                       M - r0 - r < kind.rows ? M - r0 - r : kind.rows, cols, &at);
