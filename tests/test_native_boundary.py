@@ -164,7 +164,7 @@ BROKEN_RULES = [
     (bindings.GELU, 4, 101, r"x must hold n = 101 floats"),
     (bindings.GELU, 5, 0, r"threads must be an integer >= 1"),
     (bindings.POOL2D, 17, -1, r"PT must be an integer >= 0"),
-    (bindings.BINARY, 3, 6, r"requires op <= 5"),
+    (bindings.BINARY, 3, 8, r"requires op <= 7"),
     (bindings.BINARY, 7, 2, r"requires b_cols == 1 or b_cols == inner"),
     (bindings.BINARY, 4, 5, r"a must hold rows \* inner = 120 floats"),
     (bindings.BINARY, 6, 5, r"b must hold b_rows \* b_cols = 5 floats"),

@@ -442,6 +442,9 @@ def _operands(shapes: tuple[tuple[int, ...], ...], op: str) -> list[np.ndarray]:
         xs[1].reshape(-1)[::5] = 0.0
         xs[1].reshape(-1)[1::10] = -0.0
         xs[0].reshape(-1)[::10] = 0.0
+    if op in ("Max", "Min"):  # NaN wins on either side, as in numpy
+        xs[0].reshape(-1)[::7] = np.nan
+        xs[1].reshape(-1)[::5] = np.nan
     return xs
 
 
@@ -453,7 +456,7 @@ LAYOUTS = [((1,), (1,)), ((7,), (7,)), ((1000003,), (1000003,)), ((2, 3, 5, 7), 
 
 
 @pytest.mark.parametrize("threads", [1, 2], indirect=True)
-@pytest.mark.parametrize("op", ["Add", "Sub", "Mul", "Div"])
+@pytest.mark.parametrize("op", ["Add", "Sub", "Mul", "Div", "Max", "Min"])
 @pytest.mark.parametrize("shapes", LAYOUTS, ids=str)
 def test_native_arithmetic_gives_numpys_bits(arith, native, threads, op, shapes):
     xs = _operands(shapes, op)

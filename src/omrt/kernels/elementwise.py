@@ -242,7 +242,7 @@ def _partly_overlap(x: np.ndarray, out: np.ndarray) -> bool:
 
 
 class NativeArith:
-    """A float32 Add, Sub, Mul or Div (and the node's fused activation) as one call of
+    """A float32 Add, Sub, Mul, Div, Max or Min (and the node's fused activation) as one call of
     omrt_binary_f32, spread over the native workers when the arrays are big enough."""
 
     def __init__(self, fn: Callable[..., None], op: int, act: tuple[int, float, float]) -> None:
@@ -500,8 +500,8 @@ def variadic(op_type: str, fold: np.ufunc, kinds: str = NUMERIC, fuses: frozense
 
 
 variadic("Sum", np.add, kinds=FLOAT, fuses=frozenset(FUSED_ACTIVATIONS), native_op="Add")
-variadic("Max", np.maximum)
-variadic("Min", np.minimum)
+variadic("Max", np.maximum, native_op="Max")
+variadic("Min", np.minimum, native_op="Min")
 
 
 @register("Mean", since=1)

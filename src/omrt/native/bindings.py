@@ -149,17 +149,17 @@ GELU = Function(
     (Array("x", "n"), Array("y", "n", write=True), Array("cdf", "GELU_NODES"), Array("slope", "GELU_NODES"),
      Int("n"), Int("threads", 1)))
 
-ARITHMETIC = {"Add": 0, "Sub": 1, "Mul": 2, "Div": 3}
+ARITHMETIC = {"Add": 0, "Sub": 1, "Mul": 2, "Div": 3, "Max": 6, "Min": 7}
 """The ops omrt_binary_f32 computes, by code (csrc/elementwise.c)."""
 
-SWAPPED = {0: 0, 1: 4, 2: 2, 3: 5}
+SWAPPED = {0: 0, 1: 4, 2: 2, 3: 5, 6: 6, 7: 7}
 """The code of each op with its operands swapped: b - a and b / a are 4 and 5."""
 
 BINARY = Function(
     "elementwise", "omrt_binary_f32",
     (Array("a", "rows * inner"), Array("b", "b_rows * b_cols"), Array("y", "rows * inner", write=True),
      Int("op"), Int("rows", 1), Int("inner", 1), Int("b_rows", 1), Int("b_cols", 1), Int("threads", 1), *_ACT),
-    requires=("op <= 5", "b_cols == 1 or b_cols == inner", _ACT_KNOWN))
+    requires=("op <= 7", "b_cols == 1 or b_cols == inner", _ACT_KNOWN))
 
 _STATE = "dirs * batch * hidden"
 

@@ -64,8 +64,9 @@ OMRT_EXPORT void omrt_gelu_f32(const float *x, float *y, const float *cdf, const
     split(gelu_run, &j, n, threads);
 }
 
-/* The arithmetic ops (omrt.native.bindings.ARITHMETIC); the last two take their operands swapped. */
-enum { OP_ADD, OP_SUB, OP_MUL, OP_DIV, OP_SUB_FROM, OP_DIV_INTO };
+/* The arithmetic ops (omrt.native.bindings.ARITHMETIC); SUB_FROM and DIV_INTO take their operands
+ * swapped. MAX and MIN return a NaN operand (numpy's maximum and minimum). */
+enum { OP_ADD, OP_SUB, OP_MUL, OP_DIV, OP_SUB_FROM, OP_DIV_INTO, OP_MAX, OP_MIN };
 
 /* Elements the binary loop computes before applying the activation to them, while they are in L1. */
 #define BLOCK 2048
@@ -100,6 +101,8 @@ static inline void arith(int64_t op, const float *a, const float *b, int b_step,
     case OP_DIV: EACH(a[i] / B); break;
     case OP_SUB_FROM: EACH(B - a[i]); break;
     case OP_DIV_INTO: EACH(B / a[i]); break;
+    case OP_MAX: EACH(a[i] > B || a[i] != a[i] ? a[i] : B); break;
+    case OP_MIN: EACH(a[i] < B || a[i] != a[i] ? a[i] : B); break;
     default: break;
     }
 }
