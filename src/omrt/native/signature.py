@@ -23,6 +23,7 @@ is a digest of the sources themselves, so a library built from other C code is n
 from __future__ import annotations
 
 import ctypes
+import operator
 import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
@@ -165,7 +166,7 @@ class Function:
     derived: tuple[tuple[str, str], ...] = ()
     blas: bool = False
     _figures: Callable = field(init=False, repr=False, compare=False)
-    _scalars: tuple[int, ...] = field(init=False, repr=False, compare=False)
+    _scalars: Callable = field(init=False, repr=False, compare=False)
     _proved: dict = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -178,7 +179,7 @@ class Function:
         code = compile(f"lambda {names}: ({body})", f"<{self.symbol} contract>", "eval")
         object.__setattr__(self, "_figures", eval(code, {"min": min, "max": max, **CONSTANTS}))
         scalars = tuple(i for i, a in enumerate(self.args) if isinstance(a, (Int, Float)))
-        object.__setattr__(self, "_scalars", scalars)
+        object.__setattr__(self, "_scalars", operator.itemgetter(*scalars) if scalars else lambda values: ())
         object.__setattr__(self, "_proved", {})
 
     @property
@@ -200,19 +201,19 @@ class Function:
         same geometry run after run); the arrays are checked on every call."""
         if len(values) != len(self.args):
             raise self._fail(f"takes {len(self.args)} arguments, got {len(values)}")
-        key = tuple(values[i] for i in self._scalars)
+        key = self._scalars(values)
         needs = self._proved.get(key)
         if needs is None:
             needs = self._prove(values, key)
         out = list(values)
-        for i, arg, need in needs:
-            check = self._array if type(arg) is Array else self._matrix
+        for i, check, arg, need in needs:
             out[i] = check(arg, values[i], need)
         return out
 
-    def _prove(self, values: Sequence[Any], key: tuple) -> list[tuple[int, Arg, Any]]:
-        """Check the scalars against their minima and the requirements; (position, argument,
-        floats it needs or its matrix figures) for every array argument, remembered for `key`."""
+    def _prove(self, values: Sequence[Any], key: Any) -> list[tuple[int, Callable, Arg, Any]]:
+        """Check the scalars against their minima and the requirements; (position, its check,
+        argument, what it must hold: bytes and dtype, or its matrix figures) for every array
+        argument, remembered for `key`."""
         for arg, value in zip(self.args, values):
             if isinstance(arg, Int) and not (isinstance(value, (int, np.integer)) and value >= arg.minimum):
                 raise self._fail(f"{arg.name} must be an integer >= {arg.minimum}, got {value!r}")
@@ -224,18 +225,28 @@ class Function:
             if not ok:
                 raise self._fail(f"requires {rule}")
         figures = {Array: iter(sizes), Matrix: iter(self._layout(f) for f in shapes)}
-        needs = [(i, a, next(figures[type(a)])) for i, a in enumerate(self.args) if type(a) in figures]
+        needs = [(i, self._array, a, self._holds(a, next(figures[Array]))) if type(a) is Array
+                 else (i, self._matrix, a, next(figures[Matrix]))
+                 for i, a in enumerate(self.args) if type(a) in figures]
         if len(self._proved) >= PROVED:
             self._proved.clear()
         self._proved[key] = needs
         return needs
 
-    def _array(self, arg: Array, a: Any, count: int) -> int | None:
+    @staticmethod
+    def _holds(arg: Array, count: int) -> tuple[int, int, np.dtype | None, int]:
+        """What an Array argument must be, for `_array`: its element count, the bytes that makes,
+        its dtype (None: scratch, any) and alignment."""
+        size = 4 if arg.scratch else DTYPES[arg.dtype].itemsize
+        return count, size * count, None if arg.scratch else DTYPES[arg.dtype], size
+
+    def _array(self, arg: Array, a: Any, holds: tuple[int, int, np.dtype | None, int]) -> int | None:
+        count, nbytes, dtype, size = holds
         if a is None:
             if arg.optional or count == 0:
                 return None
             raise self._fail(f"{arg.name} may not be NULL: it must hold {arg.size} = {count} {arg.unit}")
-        if type(a) is not np.ndarray or (a.dtype != DTYPES[arg.dtype] and not arg.scratch):
+        if type(a) is not np.ndarray or (dtype is not None and a.dtype != dtype):
             article = "an" if arg.dtype[0] in "aeiou" else "a"
             raise self._fail(f"{arg.name} must be {article} {arg.dtype} array, got "
                              f"{a.dtype if isinstance(a, np.ndarray) else type(a).__name__}")
@@ -244,8 +255,7 @@ class Function:
             raise self._fail(f"{arg.name} must be C-contiguous")
         if arg.write and not flags.writeable:
             raise self._fail(f"{arg.name} is written but the array is read-only")
-        size = 4 if arg.scratch else a.itemsize
-        if a.nbytes < size * count:
+        if a.nbytes < nbytes:
             raise self._fail(f"{arg.name} must hold {arg.size} = {count} {arg.unit}, the array holds "
                              f"{a.nbytes // size}")
         start = address(a)
