@@ -19,6 +19,7 @@ from onnx import TensorProto, helper
 import omrt
 from omrt import cli
 from omrt.format import HEADER, OmFile, Part, write
+from omrt.format.container import VERSION
 from omrt.format import kernelstore
 from omrt.format.kernelstore import NATIVE, Packed, pack, unpack
 from omrt.native import build, elf, loader, probe, target
@@ -391,7 +392,7 @@ def test_repack_round_trip_keeps_every_other_partition_and_the_outputs(host_om, 
     assert [r.data for r in records(path)] == [r.data for r in records(host_om) + records(foreign_om)]
     with open(path, "rb") as f:
         _, major, minor, flags, *_ = HEADER.unpack(f.read(HEADER.size))
-    assert (major, minor, flags) == (1, 3, 1)
+    assert (major, minor, flags) == (*VERSION, 1)
     np.testing.assert_array_equal(run(path)[1], want)
 
     host_target = records(host_om)[0].target["triple"]

@@ -20,7 +20,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import omrt
 from omrt.format import HEADER, Part
-from omrt.format.container import OmFile, write
+from omrt.format.container import VERSION, OmFile, write
 from omrt.kernels import base as kernel_base
 from omrt.format.kernelstore import NATIVE_OP, Packed
 from omrt.native import custom as native_custom
@@ -249,7 +249,7 @@ def test_only_the_operators_the_model_uses_are_packed(tmp_path):
         "    x = inputs[0]\n"
         "    np.multiply(x, np.tanh(np.logaddexp(0, x)), out=outputs[0])\n")
     _, major, minor, flags, *_ = HEADER.unpack_from(f.map, 0)
-    assert (major, minor) == (1, 3) and flags & 0b1110 == 0b0010
+    assert (major, minor) == VERSION and flags & 0b1110 == 0b0010
 
 
 @needs_cc
