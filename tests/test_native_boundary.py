@@ -69,8 +69,9 @@ def _calls() -> dict:
         bindings.DWCONV2D: [_f32(1, 4, 5, 5), _f32(4, 1, 3, 3), _f32(4), _f32(1, 4, 5, 5), _f32(2 * 944), 944, 3,
                             2, 1, 4, 1, 5, 5, 5, 5, *window3, 0, 0.0, 0.0],
         bindings.IM2COL2D: [_f32(2, 4, 4), _f32(2 * 9, 16), 16, 0, 4, 2, 4, 4, 4, *window3],
+        # 2 groups, their channels shuffled
         bindings.CONV2D: [_f32(1, 4, 5, 5), _f32(6, 2, 3, 3), _f32(6), _f32(1, 6, 5, 5), _f32(36 * 25), 5, 0, 1,
-                          1, 4, 5, 5, 6, 2, 5, 5, *window3, 1, 0.0, 0.0],
+                          1, 4, 5, 5, 6, 2, 1, 5, 5, *window3, 1, 0.0, 0.0],
         # 14 filters: a full panel and a partial one; a residual; the shared buffer split over two threads
         bindings.PCONV2D: [_f32(1, 4, 5, 5), _f32(2, 36, 12), _f32(14), _f32(1, 14, 5, 5), _f32(1, 14, 5, 5),
                            _f32(36 * 25),
@@ -155,6 +156,7 @@ BROKEN_RULES = [
     (bindings.IM2COL2D, 3, 5, r"requires r0 <= r1"),
     (bindings.CONV2D, 13, 4, r"requires M % G == 0"),
     (bindings.CONV2D, 6, 10, r"requires pointwise or not buffer or buffer >="),
+    (bindings.CONV2D, 14, 2, r"requires shuffle <= 1"),
     (bindings.POOL2D, 4, 5, r"requires pitch >= W"),
     (bindings.PCONV2D, 9, 48, r"requires block % GEMM_MAX_NR == 0"),
     (bindings.WINOGRAD, 5, 2303, r"requires v_floats >="),

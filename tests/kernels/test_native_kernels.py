@@ -535,3 +535,29 @@ def test_an_output_partly_over_an_input_stays_with_numpy(arith, native, into):
     kernel.run(xs, [buf[1:]], None)
     assert arith() == before
     np.testing.assert_array_equal(buf[1:], want)
+
+
+def _shuffled(y: np.ndarray, groups: int) -> np.ndarray:
+    """ShuffleNet's channel shuffle of y (N, M, H, W) across `groups` groups."""
+    n, m, h, w = y.shape
+    return y.reshape(n, groups, m // groups, h, w).transpose(0, 2, 1, 3, 4).reshape(n, m, h, w)
+
+
+@pytest.mark.parametrize("threads", [1, 2], indirect=True)
+@pytest.mark.parametrize("kernel, groups, filters", [(1, 4, 24), (3, 3, 12), (1, 2, 6)])
+@pytest.mark.parametrize("library", ["native", "numpy"])
+def test_shuffled_conv_is_the_conv_then_the_channel_shuffle(native, threads, kernel, groups, filters, library):
+    """The native loop writes each group's planes where the shuffle puts them; the numpy paths
+    shuffle afterwards through one plane of workspace."""
+    x, w, b = randn(2, 12, 9, 7), randn(filters, 12 // groups, kernel, kernel), randn(filters)
+    attrs = {"group": groups, "pads": [kernel // 2] * 4, **ACTS["Relu"]}
+    ctx = OpContext(attrs, 1, name="t", op_type="ShuffledConv", native=native if library == "native" else None)
+    infos = [TensorInfo(a.dtype, a.shape) for a in (x, w, b)]
+    cls = lookup("ShuffledConv", 1, "omrt")
+    conv = cls(ctx, infos, cls.infer(ctx, infos))
+    assert (conv.native_conv is not None) == (library == "native")
+    y = np.full(conv.outputs[0].shape, np.nan, np.float32)
+    conv.run([x, w, b], [y], np.full(conv.workspace(), 0xCD, np.uint8))
+    want = _shuffled(_activated(reference("Conv", [x, w, b], {"group": groups, "pads": [kernel // 2] * 4})[0],
+                                "Relu"), groups)
+    np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-4 * float(np.abs(want).max()))

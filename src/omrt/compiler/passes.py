@@ -495,10 +495,54 @@ def fold_transposes_into_matmul(graph: Graph) -> Graph:
     return remove_dead_code(graph)
 
 
+def _shuffle_of(graph: Graph, conv: Node, uses: dict[str, list[int]]) -> list[int] | None:
+    """The indices of the Reshape, Transpose and Reshape that shuffle the channels of `conv`'s
+    output across its G groups (ShuffleNet's channel shuffle), when they do exactly that and
+    nothing else reads what they pass on; else None."""
+    group = int(conv.attrs.get("group", 1))
+    shape = graph.infos[conv.outputs[0]].shape
+    if group < 2 or len(shape) != 4 or not all(isinstance(d, int) for d in shape):
+        return None
+    n, m, h, w = shape
+    expected = [("Reshape", (n, group, m // group, h, w)), ("Transpose", (n, m // group, group, h, w)),
+                ("Reshape", (n, m, h, w))]
+    chain, value = [], conv.outputs[0]
+    for op_type, out_shape in expected:
+        j = _sole_consumer(graph, value, uses)
+        node = graph.nodes[j] if j is not None else None
+        if (node is None or node.op_type != op_type or node.domain or node.inputs[0] != value
+                or tuple(graph.infos[node.outputs[0]].shape) != out_shape
+                or (op_type == "Transpose" and list(node.attrs.get("perm", [])) != [0, 2, 1, 3, 4])):
+            return None
+        chain.append(j)
+        value = node.outputs[0]
+    return chain
+
+
+def fold_channel_shuffles(graph: Graph) -> Graph:
+    """A grouped Conv followed by the channel shuffle across its groups (Reshape, Transpose,
+    Reshape) -> one omrt::ShuffledConv, which writes each filter's plane where the shuffle puts it:
+    the shuffle's copy goes."""
+    uses = graph.consumers()
+    drop: set[int] = set()
+    for conv in graph.nodes:
+        if conv.op_type != "Conv" or conv.domain or conv.outputs[0] not in graph.infos:
+            continue
+        chain = _shuffle_of(graph, conv, uses)
+        if chain is None:
+            continue
+        conv.op_type, conv.domain = "ShuffledConv", "omrt"
+        conv.outputs = [graph.nodes[chain[-1]].outputs[0]]
+        graph.opsets.setdefault("omrt", 1)
+        drop.update(chain)
+    graph.nodes = [n for k, n in enumerate(graph.nodes) if k not in drop]
+    return remove_dead_code(graph)
+
+
 def optimize(graph: Graph) -> Graph:
     """The compile-time pipeline, in the order that exposes the most fusion."""
     for rewrite in (remove_dead_code, fold_batchnorm, fold_channel_affine, fold_preactivation_batchnorm,
-                    fuse_matmul_bias, fuse_activations, fuse_gelu, fold_matmul_scale,
+                    fuse_matmul_bias, fuse_activations, fold_channel_shuffles, fuse_gelu, fold_matmul_scale,
                     fold_transposes_into_matmul):
         graph = rewrite(graph)
     return graph

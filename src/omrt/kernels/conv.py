@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, ClassVar, Sequence
 
 import numpy as np
 
@@ -123,6 +123,8 @@ class Conv(Kernel):
 
     fuses = frozenset(FUSED_ACTIVATIONS)
     native_units = ("conv",)
+    shuffled: ClassVar[bool] = False
+    """Whether the output channels are shuffled (ShuffledConv)."""
 
     @classmethod
     def infer(cls, ctx: OpContext, inputs: Sequence[TensorInfo | None]) -> list[TensorInfo]:
@@ -233,8 +235,8 @@ class Conv(Kernel):
         if fn is None or act is None:
             return None
         win = self.win
-        return fn.partial(*x.shape, filters, self.group, *win.out, *win.kernel, *win.strides, *win.dilations,
-                          *win.begin, *act)
+        return fn.partial(*x.shape, filters, self.group, int(self.shuffled), *win.out, *win.kernel, *win.strides,
+                          *win.dilations, *win.begin, *act)
 
     def _padded_extent(self, channels: int, itemsize: int) -> tuple[int, ...] | None:
         """Spatial extent of the zero-padded image a strided gather reads (None: gather by taps)."""
@@ -310,15 +312,25 @@ class Conv(Kernel):
         y = outputs[0]
         if y.size == 0:
             return
-        contiguous = x.flags.c_contiguous and y.flags.c_contiguous
-        if self.native_depthwise is not None and contiguous:
+        path = self._path(x, y)
+        if path == "depthwise":
             self._run_depthwise(x, w, b, y, workspace)
-        elif self.native_conv is not None and contiguous:
+        elif path == "native":
             self._run_native(x, w, b, y, workspace)
-        elif self.mode == "pointwise":
+        elif path == "pointwise":
             self._pointwise(x, w, b, y)
         else:
             self._im2col(x, w, b, y, workspace)
+
+    def _path(self, x: np.ndarray, y: np.ndarray) -> str:
+        """Which path a run over x and y takes: "depthwise" or "native" (C, contiguous tensors
+        only), else the numpy "pointwise" or "im2col"."""
+        contiguous = x.flags.c_contiguous and y.flags.c_contiguous
+        if self.native_depthwise is not None and contiguous:
+            return "depthwise"
+        if self.native_conv is not None and contiguous:
+            return "native"
+        return self.mode
 
     def _run_depthwise(self, x: np.ndarray, w: np.ndarray, b: np.ndarray | None, y: np.ndarray,
                        workspace: np.ndarray | None) -> None:
@@ -463,3 +475,56 @@ class Conv(Kernel):
                     parallel.parallel_for(len(split.cuts), piece)
         if not whole:
             self._finish_all(y, b, threads)
+
+
+@register("ShuffledConv", since=1, domain="omrt")
+class ShuffledConv(Conv):
+    """A grouped Conv (G groups) and the channel shuffle after it, as ShuffleNet writes it (Reshape
+    to (N, G, M / G, H, W), Transpose (0, 2, 1, 3, 4), Reshape back): filter f of group g goes to
+    channel f * G + g. The native loop writes each group's rows there (omrt.compiler.passes.
+    fold_channel_shuffles); the numpy paths shuffle the planes in place afterwards, a cycle at a
+    time through one plane of workspace."""
+
+    shuffled = True
+
+    def __init__(self, ctx: OpContext, inputs: Sequence[TensorInfo | None],
+                 outputs: Sequence[TensorInfo]) -> None:
+        super().__init__(ctx, inputs, outputs)
+        if self.group < 2:
+            raise ShapeError(f"{ctx.name}: ShuffledConv needs group >= 2, got {self.group}")
+        self.native_depthwise = None
+        self.plane_at = self.workspace_bytes
+        self.workspace_bytes += align(math.prod(self.win.out) * outputs[0].dtype.itemsize)
+        filters = inputs[1].shape[0]
+        self.cycles = _cycles([(d % self.group) * (filters // self.group) + d // self.group
+                               for d in range(filters)])
+
+    def run(self, inputs, outputs, workspace):
+        super().run(inputs, outputs, workspace)
+        y = outputs[0]
+        if y.size and self._path(inputs[0], y) != "native":
+            plane = workspace[self.plane_at:self.plane_at + math.prod(y.shape[2:]) * y.itemsize]
+            tmp = plane.view(y.dtype).reshape(y.shape[2:])
+            for image in y:
+                for cycle in self.cycles:
+                    np.copyto(tmp, image[cycle[0]])
+                    for d, s in zip(cycle, cycle[1:]):
+                        np.copyto(image[d], image[s])
+                    np.copyto(image[cycle[-1]], tmp)
+
+
+def _cycles(source: list[int]) -> list[list[int]]:
+    """The cycles, longer than one, of the permutation `source` (position d takes what was at
+    source[d]): each [d, source[d], source[source[d]], ...]."""
+    seen, cycles = set(), []
+    for start in range(len(source)):
+        cycle = []
+        d = start
+        while d not in seen:
+            seen.add(d)
+            cycle.append(d)
+            d = source[d]
+        if len(cycle) > 1:
+            cycles.append(cycle)
+    return cycles
+

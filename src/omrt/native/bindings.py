@@ -69,10 +69,10 @@ CONV2D = Function(
      Array("work", "0 if pointwise else min(threads, chunks) * buffer if buffer else rows * step * OW",
            write=True, scratch=True),
      Int("step"), Int("buffer"), Int("threads", 1), Int("N"), Int("C"), Int("H"), Int("W"), Int("M"), Int("G", 1),
-     Int("OH"), Int("OW"), *_window(), *_ACT),
+     Int("shuffle"), Int("OH"), Int("OW"), *_window(), *_ACT),
     derived=(("pointwise", "KH == KW == SH == SW == 1 and PT == PL == 0 and (OH, OW) == (H, W)"),
              ("rows", "C * KH * KW"), ("chunks", "N * -(-OH // max(step, 1))")),
-    requires=("C % G == 0", "M % G == 0", "pointwise or step >= 1",
+    requires=("C % G == 0", "M % G == 0", "shuffle <= 1", "pointwise or step >= 1",
               "pointwise or not buffer or buffer >= rows * step * OW", _TAPS, _ACT_KNOWN),
     blas=True)
 

@@ -338,7 +338,7 @@ OMRT_EXPORT OMRT_HOT void omrt_im2col_f32(const float *x, float *cols, int64_t p
 typedef struct {
     const float *x, *w, *bias, *panels, *residual;
     float *y, *work, *strips;
-    int64_t N, C, H, W, M, G, OH, OW, KH, KW, SH, SW, DH, DW, PT, PL, act;
+    int64_t N, C, H, W, M, G, shuffle, OH, OW, KH, KW, SH, SW, DH, DW, PT, PL, act;
     float alpha, beta;
     int64_t K, Fg, P, step, pitch, buffer, block, fparts, pparts, gparts;
     /* what the shared phases work on: output rows [r0, r1) of `image`, their columns b (pitch ldb) */
@@ -356,7 +356,9 @@ static void gather(const conv_job *j, int64_t image, float *cols, int64_t r0, in
 static void multiply(const conv_job *j, int64_t image, int64_t g, int64_t f0, int64_t f1, const float *b,
                      int64_t ldb, int64_t p0, int64_t p1, int64_t at, int64_t thread) {
     int64_t m = g * j->Fg + f0;
-    float *c = j->y + (image * j->M + m) * j->P + at + p0;
+    /* shuffled: filter f of group g writes channel f * G + g, so a group's rows lie G planes apart */
+    const int64_t row = j->shuffle ? f0 * j->G + g : m, ldc = j->shuffle ? j->G * j->P : j->P;
+    float *c = j->y + (image * j->M + row) * j->P + at + p0;
     if (j->panels) {
         omrt_epilogue e = {j->bias, NULL, j->act, j->alpha, j->beta,
                            j->residual ? j->residual + (c - j->y) : NULL};
@@ -365,10 +367,10 @@ static void multiply(const conv_job *j, int64_t image, int64_t g, int64_t f0, in
         return;
     }
     if (p1 - p0 == 1) /* one position (a layer on 1x1 planes): BLAS's sgemm would copy the filters first */
-        omrt_sgemv(0, f1 - f0, j->K, j->w + m * j->K, j->K, b + g * j->K * ldb + p0, ldb, c, j->P);
+        omrt_sgemv(0, f1 - f0, j->K, j->w + m * j->K, j->K, b + g * j->K * ldb + p0, ldb, c, ldc);
     else
-        omrt_sgemm(f1 - f0, p1 - p0, j->K, j->w + m * j->K, j->K, b + g * j->K * ldb + p0, ldb, c, j->P);
-    omrt_bias_act(c, f1 - f0, p1 - p0, j->P, j->bias ? j->bias + m : NULL, j->act, j->alpha, j->beta);
+        omrt_sgemm(f1 - f0, p1 - p0, j->K, j->w + m * j->K, j->K, b + g * j->K * ldb + p0, ldb, c, ldc);
+    omrt_bias_act(c, f1 - f0, p1 - p0, ldc, j->bias ? j->bias + m : NULL, j->act, j->alpha, j->beta);
 }
 
 /* Start of filter block `fp`: on a panel boundary for packed filters. */
@@ -451,15 +453,17 @@ static void run_conv(conv_job *j, int64_t threads) {
      .beta = beta, .P = OH * OW, .step = step, .pitch = step * OW, .buffer = buffer, __VA_ARGS__}
 
 /* y (N, M, OH, OW) = conv of x (N, C, H, W) with w (M, C/G, KH, KW) in G groups, plus bias (when
- * not NULL) and the activation `act`. Columns are gathered `step` output rows at a time into
- * `work`: with buffer > 0 every thread has a buffer of its own (`buffer` floats apart) and takes
- * whole chunks; with buffer == 0 the threads gather one shared buffer, then split its product. */
+ * not NULL) and the activation `act`; with `shuffle`, the channels shuffled as ShuffleNet does
+ * (filter f of group g into channel f * G + g). Columns are gathered `step` output rows at a time
+ * into `work`: with buffer > 0 every thread has a buffer of its own (`buffer` floats apart) and
+ * takes whole chunks; with buffer == 0 the threads gather one shared buffer, then split its
+ * product. */
 OMRT_EXPORT void omrt_conv2d_f32(const float *x, const float *w, const float *bias, float *y, float *work,
                                  int64_t step, int64_t buffer, int64_t threads, int64_t N, int64_t C, int64_t H,
-                                 int64_t W, int64_t M, int64_t G, int64_t OH, int64_t OW, int64_t KH, int64_t KW,
-                                 int64_t SH, int64_t SW, int64_t DH, int64_t DW, int64_t PT, int64_t PL, int64_t act,
-                                 float alpha, float beta) {
-    conv_job j = CONV_JOB(.w = w, .G = G, .K = C / G * KH * KW, .Fg = M / G);
+                                 int64_t W, int64_t M, int64_t G, int64_t shuffle, int64_t OH, int64_t OW, int64_t KH,
+                                 int64_t KW, int64_t SH, int64_t SW, int64_t DH, int64_t DW, int64_t PT, int64_t PL,
+                                 int64_t act, float alpha, float beta) {
+    conv_job j = CONV_JOB(.w = w, .G = G, .shuffle = shuffle, .K = C / G * KH * KW, .Fg = M / G);
     run_conv(&j, threads);
 }
 
