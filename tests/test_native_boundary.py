@@ -152,6 +152,7 @@ def test_a_misfit_array_is_refused_before_the_call(native, fn, what, position, b
 BROKEN_RULES = [
     (bindings.DWCONV2D, 5, 943, r"requires OW >= 16 or pitch >= 16 \* \(KH"),    # a band does not fit
     (bindings.DWCONV2D, 10, 3, r"requires M % mult == 0"),
+    (bindings.DWCONV2D, 15, 70000, r"requires KH \* KW <= MAX_TAPS"),  # the wide path keeps an int64 per tap
     (bindings.IM2COL2D, 2, 15, r"requires pitch >= \(r1 - r0\) \* OW"),
     (bindings.IM2COL2D, 3, 5, r"requires r0 <= r1"),
     (bindings.CONV2D, 13, 4, r"requires M % G == 0"),

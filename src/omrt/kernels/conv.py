@@ -17,6 +17,7 @@ import numpy as np
 from ..errors import ShapeError
 from ..memory import align
 from ..native.bindings import CONV2D, DWCONV2D, IM2COL2D, activation_code
+from ..native.signature import CONSTANTS
 from . import parallel, window
 from .base import FUSED_ACTIVATIONS, Dim, Kernel, OpContext, TensorInfo, apply_activation, register
 from .window import (_Chunk, _chunks, _plan_chunks, _row_chunks, sliding_window,
@@ -210,7 +211,7 @@ class Conv(Kernel):
         it; else None. Call it with (x, w, bias, y, scratch, pitch, band, threads)."""
         act = activation_code(ctx.attrs)
         fn = ctx.native.get(DWCONV2D) if self._native_2d(ctx, x) else None
-        if fn is None or self.group != channels or act is None:
+        if fn is None or self.group != channels or act is None or math.prod(self.win.kernel) > CONSTANTS["MAX_TAPS"]:
             return None
         win = self.win
         return fn.partial(x.shape[0], filters, filters // channels, *win.size, *win.out, *win.kernel, *win.strides,

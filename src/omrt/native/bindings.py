@@ -49,7 +49,7 @@ DWCONV2D = Function(
     derived=(("wide", "(OW - 1) * SW + (KW - 1) * DW + 1"), ("rows", "(min(band, OH) - 1) * SH + (KH - 1) * DH + 1"),
              ("Wq", "(wide + SW - 1) // SW"),
              ("phase", "(min(band, OH) + (KH - 1) * DH // SH) * Wq + (KW - 1) * DW // SW")),
-    requires=("M % mult == 0", _TAPS, _ACT_KNOWN,
+    requires=("M % mult == 0", "KH * KW <= MAX_TAPS", _ACT_KNOWN,
               "OW < 16 or pitch >= SH * SW * phase + min(band, OH) * Wq",
               "OW >= 16 or pitch >= 16 * (KH * KW + rows * wide + min(band, OH) * OW)"))
 """Depthwise layers: planes of 16 or more output columns one by one, in bands of `band` output rows

@@ -125,8 +125,8 @@ CONSTANTS = {
     "GEMM_PANEL": 12,
     "GEMM_MAX_NR": 32,
 }
-"""Names the contracts may use: the widest window the loops take (they keep two int64 per tap on
-the stack), the nodes of Gelu's table (1/1024 apart over [-7, 6], csrc/elementwise.c), the
+"""Names the contracts may use: the widest window the loops take (they keep one or two int64 per
+tap on the stack), the nodes of Gelu's table (1/1024 apart over [-7, 6], csrc/elementwise.c), the
 threads of the worker pool, the caller's included (csrc/workers.c), the rows of R in each
 panel of the LSTM loop (csrc/recurrent.c), and the rows of a packed weight panel and the widest
 column strip of omrt's GEMM (csrc/omrt_gemm.h)."""
