@@ -50,9 +50,9 @@ def pool_band_floats(win: Window) -> int:
     """The scratch per thread of the native 2-d loop: the widest band of output rows that fits
     BAND_FLOATS (the C code finds the same band from it), else one input row (the row path, also
     for planes ROW_PATH_WIDTH or wider)."""
-    fits = [rows for rows in range(1, win.out[0] + 1) if pool_plane_floats(win, rows) <= BAND_FLOATS
-            and win.size[1] < ROW_PATH_WIDTH]
-    return max(pool_plane_floats(win, fits[-1]) if fits else 0, win.size[1])
+    row = win.size[1]
+    fits = [rows for rows in range(1, win.out[0] + 1) if pool_plane_floats(win, rows) <= BAND_FLOATS]
+    return max(pool_plane_floats(win, fits[-1]), row) if fits and row < ROW_PATH_WIDTH else row
 
 
 def _kernel_shape(ctx: OpContext, x: TensorInfo) -> list[int]:

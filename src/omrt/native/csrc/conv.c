@@ -12,14 +12,6 @@
 #define DW_LANES 16
 typedef float dw_vec __attribute__((vector_size(DW_LANES * sizeof(float)), aligned(4)));
 
-/* The widest tile of omrt's GEMM (omrt_gemm_level): at 2, the narrow planes' channels are
- * interleaved and back by AVX-512 transposes. */
-static inline int dw_level(void) {
-    static int level = -1;
-    if (level < 0) level = omrt_gemm_level();
-    return level;
-}
-
 typedef struct {
     const float *x, *w, *bias;
     float *y, *scratch;
@@ -262,7 +254,7 @@ static OMRT_HOT void block_part(void *p, int64_t item, int64_t thread) {
     }
     const int64_t count = (o1 - o0) * j->OW;
 #ifdef OMRT_X86
-    if (dw_level() == 2) {
+    if (omrt_gemm_level_once() == 2) { /* AVX-512: interleave by transposes */
         dw_gather_avx512(j, src, o0 * j->SH - j->PT, rows, wide, in);
         dw_compute(j, in, wide, tap, bias, o0, o1, out);
         dw_scatter_avx512(out, count, dst, lanes);

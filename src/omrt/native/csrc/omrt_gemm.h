@@ -195,10 +195,17 @@ static inline int omrt_gemm_level(void) {
     return level;
 }
 
-/* The tile for this CPU (decided once; the race of two first callers is benign). */
-static inline omrt_gemm_kind omrt_gemm_pick(void) {
+/* omrt_gemm_level, decided once per unit (the race of two first callers is benign): what the
+ * tiles and the other AVX-512 paths of a unit pick by. */
+static inline int omrt_gemm_level_once(void) {
     static int level = -1;
     if (level < 0) level = omrt_gemm_level();
+    return level;
+}
+
+/* The tile for this CPU. */
+static inline omrt_gemm_kind omrt_gemm_pick(void) {
+    const int level = omrt_gemm_level_once();
 #ifdef OMRT_X86
     if (level == 2) return (omrt_gemm_kind){omrt_tile_avx512, OMRT_PANEL, 32};
     if (level == 1) return (omrt_gemm_kind){omrt_tile_avx2, 6, 16};
