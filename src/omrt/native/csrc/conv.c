@@ -358,10 +358,7 @@ static void multiply(const conv_job *j, int64_t image, int64_t g, int64_t f0, in
                         j->strips + thread * j->K * j->block, j->block);
         return;
     }
-    if (p1 - p0 == 1) /* one position (a layer on 1x1 planes): BLAS's sgemm would copy the filters first */
-        omrt_sgemv(0, f1 - f0, j->K, j->w + m * j->K, j->K, b + g * j->K * ldb + p0, ldb, c, ldc);
-    else
-        omrt_sgemm(f1 - f0, p1 - p0, j->K, j->w + m * j->K, j->K, b + g * j->K * ldb + p0, ldb, c, ldc);
+    omrt_sgemm(f1 - f0, p1 - p0, j->K, j->w + m * j->K, j->K, b + g * j->K * ldb + p0, ldb, c, ldc);
     omrt_bias_act(c, f1 - f0, p1 - p0, ldc, j->bias ? j->bias + m : NULL, j->act, j->alpha, j->beta);
 }
 

@@ -64,9 +64,14 @@ void omrt_sgemm_t(int64_t ta, int64_t tb, int64_t m, int64_t n, int64_t k, const
 void omrt_sgemv(int64_t ta, int64_t m, int64_t n, const float *a, int64_t lda, const float *x, int64_t incx,
                 float *y, int64_t incy);
 
+/* omrt_sgemm_t of untransposed operands; one column (a layer on 1x1 planes) through sgemv, since
+ * BLAS's sgemm would copy all of a first. */
 static inline void omrt_sgemm(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, const float *b,
                               int64_t ldb, float *c, int64_t ldc) {
-    omrt_sgemm_t(0, 0, m, n, k, a, lda, b, ldb, c, ldc);
+    if (n == 1)
+        omrt_sgemv(0, m, k, a, lda, b, ldb, c, ldc);
+    else
+        omrt_sgemm_t(0, 0, m, n, k, a, lda, b, ldb, c, ldc);
 }
 
 /* How many parts to cut each of `items` independent items into for `threads` threads: the
