@@ -133,6 +133,30 @@ class Kernel:
         """Compute into `outputs` (dynamic kernels return new arrays instead)."""
         raise NotImplementedError(f"{type(self).__name__}.run")
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """A kernel with a `run` of its own and no `bind` of its own binds nothing: what its
+        parent's native calls do need not be what its run does."""
+        super().__init_subclass__(**kwargs)
+        if "run" in cls.__dict__ and "bind" not in cls.__dict__:
+            cls.bind = Kernel.bind
+
+    def bind(self, inputs: Sequence[np.ndarray | None], outputs: Sequence[np.ndarray],
+             workspace: np.ndarray | None) -> list[Any] | None:
+        """The native calls a run over these very arrays makes (omrt.native.library.Checked),
+        checked now, when they are all it does: repeating them in order is the run, for as long
+        as the arrays and the thread count stay the same (they do not look at the values). None
+        when a run must go through `run` (a numpy path; the default)."""
+        return None
+
+
+def run_bound(calls: list[Any] | None) -> bool:
+    """Make the native calls `Kernel.bind` gave; False (nothing done) when it gave None."""
+    if calls is None:
+        return False
+    for call in calls:
+        call()
+    return True
+
 
 @dataclass(frozen=True)
 class _Entry:

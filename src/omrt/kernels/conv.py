@@ -17,9 +17,10 @@ import numpy as np
 from ..errors import ShapeError
 from ..memory import align
 from ..native.bindings import CONV2D, DWCONV2D, IM2COL2D, activation_code
+from ..native.library import Checked
 from ..native.signature import CONSTANTS
 from . import parallel, window
-from .base import FUSED_ACTIVATIONS, Dim, Kernel, OpContext, TensorInfo, apply_activation, register
+from .base import FUSED_ACTIVATIONS, Dim, Kernel, OpContext, TensorInfo, apply_activation, register, run_bound
 from .window import (_Chunk, _chunks, _plan_chunks, _row_chunks, sliding_window,
                      strided_columns, window_of)
 
@@ -307,18 +308,29 @@ class Conv(Kernel):
             self.splits[threads] = split
         return split
 
-    def run(self, inputs, outputs, workspace):
+    def bind(self, inputs, outputs, workspace):
+        return self._bind_conv(inputs, outputs, workspace)
+
+    def _bind_conv(self, inputs, outputs, workspace) -> list | None:
+        """The native call of the layer on these arrays (the depthwise loop or the whole layer),
+        checked; None on the numpy paths and for an empty output."""
         x, w = inputs[0], inputs[1]
         b = inputs[2] if len(inputs) > 2 else None
         y = outputs[0]
-        if y.size == 0:
-            return
-        path = self._path(x, y)
+        path = self._path(x, y) if y.size else None
         if path == "depthwise":
-            self._run_depthwise(x, w, b, y, workspace)
-        elif path == "native":
-            self._run_native(x, w, b, y, workspace)
-        elif path == "pointwise":
+            return [self._bind_depthwise(x, w, b, y, workspace)]
+        if path == "native":
+            return [self._bind_native(x, w, b, y, workspace)]
+        return None
+
+    def run(self, inputs, outputs, workspace):
+        if run_bound(self._bind_conv(inputs, outputs, workspace)) or outputs[0].size == 0:
+            return
+        x, w = inputs[0], inputs[1]
+        b = inputs[2] if len(inputs) > 2 else None
+        y = outputs[0]
+        if self.mode == "pointwise":
             self._pointwise(x, w, b, y)
         else:
             self._im2col(x, w, b, y, workspace)
@@ -333,16 +345,16 @@ class Conv(Kernel):
             return "native"
         return self.mode
 
-    def _run_depthwise(self, x: np.ndarray, w: np.ndarray, b: np.ndarray | None, y: np.ndarray,
-                       workspace: np.ndarray | None) -> None:
+    def _bind_depthwise(self, x: np.ndarray, w: np.ndarray, b: np.ndarray | None, y: np.ndarray,
+                        workspace: np.ndarray | None) -> Checked:
         """The native depthwise loop, split when the planes it reads or writes are big enough: a
         strided layer reads stride^2 times more than it writes (a 5x5 stride-2 layer on 288 planes
         of 14x14 ran 1.5-1.8x faster on two threads, though its output is below the threshold)."""
         threads = parallel.native_threads(nbytes=max(x.nbytes, y.nbytes), slots=parallel.MAX_SLOTS)
-        self.native_depthwise(x, w, b, y, workspace, self.band_bytes // 4, self.band, threads)
+        return self.native_depthwise.bind(x, w, b, y, workspace, self.band_bytes // 4, self.band, threads)
 
-    def _run_native(self, x: np.ndarray, w: np.ndarray, b: np.ndarray | None, y: np.ndarray,
-                    workspace: np.ndarray | None) -> None:
+    def _bind_native(self, x: np.ndarray, w: np.ndarray, b: np.ndarray | None, y: np.ndarray,
+                     workspace: np.ndarray | None) -> Checked:
         """The whole layer in one call: the native workers share it (see _layout for the plan)."""
         streams = w.nbytes >= STREAM_SPLIT_BYTES
         threads = parallel.get_num_threads() if streams else parallel.native_threads(self.flops)
@@ -353,7 +365,7 @@ class Conv(Kernel):
             if buffer:
                 threads = min(threads, parallel.MAX_SLOTS)
         work = None if workspace is None or not workspace.nbytes else workspace[self.pad_bytes:]
-        self.native_conv(x, w, b, y, work, step, buffer, threads)
+        return self.native_conv.bind(x, w, b, y, work, step, buffer, threads)
 
     def _finish(self, y: np.ndarray, b: np.ndarray | None) -> None:
         """Bias and fused activation on a C-contiguous block of the output (numpy buffers ufuncs
@@ -499,6 +511,9 @@ class ShuffledConv(Conv):
         filters = inputs[1].shape[0]
         self.cycles = _cycles([(d % self.group) * (filters // self.group) + d // self.group
                                for d in range(filters)])
+
+    def bind(self, inputs, outputs, workspace):
+        return super().bind(inputs, outputs, workspace)  # only the native path binds, and it shuffles
 
     def run(self, inputs, outputs, workspace):
         super().run(inputs, outputs, workspace)

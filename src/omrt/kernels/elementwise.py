@@ -15,10 +15,11 @@ import numpy as np
 
 from ..errors import ShapeError
 from ..native.bindings import ARITHMETIC, BINARY, SWAPPED, activation_code
+from ..native.library import Checked
 from ..native.signature import address
 from . import parallel
 from .base import (FUSED_ACTIVATIONS, Kernel, OpContext, TensorInfo, apply_activation, broadcast_shapes,
-                   numel, onnx_dtype, register, relu)
+                   numel, onnx_dtype, register, relu, run_bound)
 
 
 def _kind(dtype: np.dtype) -> str:
@@ -249,7 +250,7 @@ class NativeArith:
         self.fn, self.op, self.act = fn, op, act
 
     @classmethod
-    def bind(cls, ctx: OpContext, op: str | None, dtype: np.dtype) -> NativeArith | None:
+    def of(cls, ctx: OpContext, op: str | None, dtype: np.dtype) -> NativeArith | None:
         """The native op for a node computing `op` in `dtype`; None when the library is not
         loaded, the dtype is not float32 or the loop does not apply the node's activation."""
         act = activation_code(ctx.attrs)
@@ -258,23 +259,23 @@ class NativeArith:
         fn = ctx.native.get(BINARY)
         return None if fn is None else cls(fn, ARITHMETIC[op], act)
 
-    def __call__(self, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> bool:
-        """out = act(a op b); False (nothing written) when out is small, an array is not
+    def bind(self, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> list[Checked] | None:
+        """The call out = act(a op b), checked; None when out is small, an array is not
         C-contiguous float32, out overlaps an input other than by being it, or the shapes have
         no layout the loop reads (`binary_layout`)."""
         if out.nbytes < MIN_NATIVE_BYTES or not all(x.dtype == np.float32 and x.flags.c_contiguous
                                                     for x in (a, b, out)):
-            return False
+            return None
         if _partly_overlap(a, out) or _partly_overlap(b, out):
-            return False
+            return None
         layout = binary_layout(a.shape, b.shape)
         if layout is None:
-            return False
+            return None
         swap, rows, inner, b_rows, b_cols = layout
         op = SWAPPED[self.op] if swap else self.op
         a, b = (b, a) if swap else (a, b)
-        self.fn(a, b, out, op, rows, inner, b_rows, b_cols, parallel.native_threads(nbytes=out.nbytes), *self.act)
-        return True
+        threads = parallel.native_threads(nbytes=out.nbytes)
+        return [self.fn.bind(a, b, out, op, rows, inner, b_rows, b_cols, threads, *self.act)]
 
 
 class Binary(Kernel):
@@ -296,7 +297,7 @@ class Binary(Kernel):
                  outputs: Sequence[TensorInfo]) -> None:
         super().__init__(ctx, inputs, outputs)
         self.tile = _tile_plan(inputs[0], inputs[1], outputs[0])
-        self.native = NativeArith.bind(ctx, self.native_op, outputs[0].dtype)
+        self.native = NativeArith.of(ctx, self.native_op, outputs[0].dtype)
 
     def workspace(self) -> int:
         if self.tile is None:
@@ -318,10 +319,13 @@ class Binary(Kernel):
         shape = broadcast_shapes(a.shape, b.shape, name=ctx.name)
         return [TensorInfo(cls.result if cls.result is not None else a.dtype, shape)]
 
+    def bind(self, inputs, outputs, workspace):
+        return None if self.native is None else self.native.bind(inputs[0], inputs[1], outputs[0])
+
     def run(self, inputs, outputs, workspace):
-        a, b, out = inputs[0], inputs[1], outputs[0]
-        if self.native is not None and self.native(a, b, out):
+        if run_bound(self.bind(inputs, outputs, workspace)):
             return
+        a, b, out = inputs[0], inputs[1], outputs[0]
         if self.tile is not None and out.flags.c_contiguous and inputs[1 - self.tile[0]].flags.c_contiguous:
             k, run = self.tile
             small = inputs[k]
@@ -461,7 +465,7 @@ class Variadic(Kernel):
     def __init__(self, ctx: OpContext, inputs: Sequence[TensorInfo | None],
                  outputs: Sequence[TensorInfo]) -> None:
         super().__init__(ctx, inputs, outputs)
-        self.native = NativeArith.bind(ctx, self.native_op, outputs[0].dtype)
+        self.native = NativeArith.of(ctx, self.native_op, outputs[0].dtype)
 
     @classmethod
     def infer(cls, ctx: OpContext, inputs: Sequence[TensorInfo | None]) -> list[TensorInfo]:
@@ -472,11 +476,15 @@ class Variadic(Kernel):
         _check_same_dtype(ctx, xs)
         return [TensorInfo(xs[0].dtype, broadcast_shapes(*(x.shape for x in xs), name=ctx.name))]
 
+    def bind(self, inputs, outputs, workspace):
+        xs = [x for x in inputs if x is not None]
+        return self.native.bind(xs[0], xs[1], outputs[0]) if len(xs) == 2 and self.native is not None else None
+
     def run(self, inputs, outputs, workspace):
+        if run_bound(self.bind(inputs, outputs, workspace)):
+            return
         xs = [x for x in inputs if x is not None]
         out = outputs[0]
-        if len(xs) == 2 and self.native is not None and self.native(xs[0], xs[1], out):
-            return
         if len(xs) == 1:
             np.copyto(out, xs[0])
         else:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import parallel
-from .base import Kernel, register
+from .base import Kernel, register, run_bound
 
 BODY = "body"
 """The attribute holding the unfused chain."""
@@ -87,10 +87,14 @@ class AutoFused(Kernel):
         n = len(ins)
         return _meets(arrays[:n], ins) and _meets(arrays[n:], outs)
 
-    def run(self, inputs, outputs, workspace):
+    def bind(self, inputs, outputs, workspace):
         arrays = (*inputs, *outputs)
-        if self.fused is not None and self._meet(arrays):
-            self.fused(*arrays, parallel.native_threads(nbytes=self.nbytes))
+        if self.fused is None or not self._meet(arrays):
+            return None
+        return [self.fused.bind(*arrays, parallel.native_threads(nbytes=self.nbytes))]
+
+    def run(self, inputs, outputs, workspace):
+        if run_bound(self.bind(inputs, outputs, workspace)):
             return
         results = self.body.run(list(inputs), [])
         for out, value in zip(outputs, results):

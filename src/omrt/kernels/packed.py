@@ -23,7 +23,7 @@ from ..memory import align
 from ..native.bindings import GEMM_TILE, PCONV2D, PMATMUL, activation_code
 from ..native.signature import CONSTANTS
 from . import parallel
-from .base import OpContext, TensorInfo, apply_activation, numel, register
+from .base import OpContext, TensorInfo, apply_activation, numel, register, run_bound
 from .conv import Conv
 from .linalg import PERMS, MatMulBase
 
@@ -120,15 +120,11 @@ class PackedConv(Conv):
         return fn.partial(*x.shape, self.filters, *win.out, *win.kernel, *win.strides, *win.dilations,
                           *win.begin, *act)
 
-    def run(self, inputs, outputs, workspace):
+    def bind(self, inputs, outputs, workspace):
         x, y = inputs[0], outputs[0]
         r = inputs[RESIDUAL] if self.residual else None
         if self.native_packed is None or y.size == 0 or not all(v is None or v.flags.c_contiguous for v in (x, y, r)):
-            super().run(inputs, outputs, workspace)
-            if r is not None:
-                np.add(y, r, out=y)
-                apply_activation(y, self.post)
-            return
+            return None if self.residual else super().bind(inputs, outputs, workspace)
         threads = min(parallel.native_threads(self.flops), parallel.MAX_SLOTS)
         step = buffer = 0
         if self.mode == "im2col":
@@ -137,7 +133,16 @@ class PackedConv(Conv):
         work = workspace[self.pad_bytes:self.conv_workspace_bytes] if self.mode == "im2col" else None
         strips = workspace[self.conv_workspace_bytes:]
         b = inputs[2] if len(inputs) > 2 else None
-        self.native_packed(x, inputs[3], b, r, y, work, strips, step, buffer, self.block, threads)
+        return [self.native_packed.bind(x, inputs[3], b, r, y, work, strips, step, buffer, self.block, threads)]
+
+    def run(self, inputs, outputs, workspace):
+        if run_bound(self.bind(inputs, outputs, workspace)):
+            return
+        super().run(inputs, outputs, workspace)
+        if self.residual:
+            y = outputs[0]
+            np.add(y, inputs[RESIDUAL], out=y)
+            apply_activation(y, self.post)
 
 
 @register("PackedResidualConv", since=1, domain="omrt")
@@ -192,15 +197,21 @@ class PackedMatMul(MatMulBase):
             self.panel_bytes = 0
         return super().fit_workspace(nbytes)
 
-    def run(self, inputs, outputs, workspace):
+    def bind(self, inputs, outputs, workspace):
         a, out = inputs[0], outputs[0]
         bias = inputs[2] if len(inputs) > 2 else None
         in_place = all(v is None or v.flags.c_contiguous for v in (a, out, bias))  # a fed bias may be a view
-        if self.native_packed is not None and in_place and out.size:
-            m, n, k = self.rows, self.cols, self.depth
-            self.native_packed(a.reshape(m, k), inputs[3], bias, out.reshape(m, n), workspace, m, n, k, k, n,
-                               parallel.native_threads(self.flops), *self.act)
+        if self.native_packed is None or not in_place or not out.size:
+            return None
+        m, n, k = self.rows, self.cols, self.depth
+        return [self.native_packed.bind(a.reshape(m, k), inputs[3], bias, out.reshape(m, n), workspace, m, n, k, k,
+                                         n, parallel.native_threads(self.flops), *self.act)]
+
+    def run(self, inputs, outputs, workspace):
+        if run_bound(self.bind(inputs, outputs, workspace)):
             return
+        out = outputs[0]
+        bias = inputs[2] if len(inputs) > 2 else None
         a, b, y = self.views(inputs, out)
         if not self.product(a, b, y, workspace, bias):
             if bias is not None:

@@ -16,7 +16,8 @@ import numpy as np
 from ..errors import ShapeError
 from ..memory import align
 from ..native.bindings import POOL2D
-from .base import Kernel, OpContext, TensorInfo, register
+from ..native.library import Checked
+from .base import Kernel, OpContext, TensorInfo, register, run_bound
 from . import parallel, window
 from .window import Tap, Window, int_list, sliding_window, window_of
 
@@ -189,18 +190,17 @@ class _WindowPool(Kernel):
 
         parallel.parallel_for(-(-xs.shape[0] // block), reduce_block, threads)
 
-    def _c_reduce(self, x: np.ndarray, y: np.ndarray, workspace: np.ndarray, is_max: bool,
-                  inv_count: np.ndarray | None) -> bool:
-        """The 2-d float32 pool in one native pass over each plane, when the model has the C loop
-        and the tensors are contiguous; False when the numpy stages must run instead.
+    def _bind_pool(self, x: np.ndarray, y: np.ndarray, workspace: np.ndarray, is_max: bool,
+                   inv_count: np.ndarray | None) -> list[Checked] | None:
+        """The 2-d float32 pool in one native pass over each plane, checked, when the model has
+        the C loop and the tensors are contiguous; None when the numpy stages must run instead.
 
         Each thread has scratch of its own in the workspace (`pool_band_floats`)."""
         if self.native_pool is None or not (x.flags.c_contiguous and y.flags.c_contiguous):
-            return False
+            return None
         threads = parallel.native_threads(nbytes=x.nbytes, slots=parallel.MAX_SLOTS)
-        self.native_pool(x, y, inv_count, workspace, self.pitch_bytes // 4, threads, self.planes, *self.window_args,
-                         int(is_max))
-        return True
+        return [self.native_pool.bind(x, y, inv_count, workspace, self.pitch_bytes // 4, threads, self.planes,
+                                      *self.window_args, int(is_max))]
 
     def _tap_stage(self, ufunc: np.ufunc, stage: _Stage, src: np.ndarray, dst: np.ndarray,
                    lead: tuple) -> None:
@@ -259,11 +259,16 @@ class MaxPool(_WindowPool):
         dtype = inputs[0].dtype
         self.identity = -np.inf if dtype.kind == "f" else np.iinfo(dtype).min
 
+    def bind(self, inputs, outputs, workspace):
+        if len(outputs) > 1 and outputs[1] is not None:
+            return None
+        return self._bind_pool(inputs[0], outputs[0], workspace, True, None)
+
     def run(self, inputs, outputs, workspace):
         x, y = inputs[0], outputs[0]
         indices = outputs[1] if len(outputs) > 1 else None
         if indices is None:
-            if not self._c_reduce(x, y, workspace, True, None):
+            if not run_bound(self._bind_pool(x, y, workspace, True, None)):
                 self._reduce(np.maximum, x, y, workspace)
             return
         y.fill(self.identity)
@@ -311,8 +316,11 @@ class AveragePool(_WindowPool):
         self.divisor = np.asarray(counts.flat[0] if uniform else counts, inputs[0].dtype)
         self.inv_count = (1 / counts).astype(np.float32) if self.native_pool is not None else None
 
+    def bind(self, inputs, outputs, workspace):
+        return self._bind_pool(inputs[0], outputs[0], workspace, False, self.inv_count)
+
     def run(self, inputs, outputs, workspace):
-        if not self._c_reduce(inputs[0], outputs[0], workspace, False, self.inv_count):
+        if not run_bound(self.bind(inputs, outputs, workspace)):
             self._reduce(np.add, inputs[0], outputs[0], workspace,
                          lambda block: np.divide(block, self.divisor, out=block))
 

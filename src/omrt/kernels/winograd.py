@@ -19,7 +19,7 @@ import numpy as np
 from ..memory import align
 from ..native.bindings import WINOGRAD, activation_code
 from . import parallel
-from .base import OpContext, TensorInfo, register
+from .base import OpContext, TensorInfo, register, run_bound
 from .conv import Conv
 from .window import window_of
 
@@ -112,11 +112,14 @@ class WinogradConv(Conv):
         v = align(16 * channels * per_chunk * 4)
         return v, v + self._products(self.filters, per_chunk) + self.rows_bytes, per_chunk, 0
 
-    def run(self, inputs, outputs, workspace):
+    def bind(self, inputs, outputs, workspace):
         x, y = inputs[0], outputs[0]
         if self.native_winograd is None or not (x.flags.c_contiguous and y.flags.c_contiguous) or y.size == 0:
-            super().run(inputs, outputs, workspace)
-            return
+            return super().bind(inputs, outputs, workspace)
         b = inputs[2] if len(inputs) > 2 else None
-        run = self.native_winograd[parallel.native_threads(self.flops, slots=parallel.MAX_SLOTS)]
-        run(x, inputs[3], b, y, workspace)
+        call = self.native_winograd[parallel.native_threads(self.flops, slots=parallel.MAX_SLOTS)]
+        return [call.bind(x, inputs[3], b, y, workspace)]
+
+    def run(self, inputs, outputs, workspace):
+        if not run_bound(self.bind(inputs, outputs, workspace)):
+            super().run(inputs, outputs, workspace)

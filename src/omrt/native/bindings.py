@@ -38,6 +38,10 @@ POOL_BUSY = Function("workers", "omrt_pool_busy", (Array("ns", "n", write=True, 
                      requires=("n <= POOL_THREADS",))
 """The nanoseconds each of the worker pool's first n threads spent running items so far."""
 
+RUN_CALLS = Function("workers", "omrt_run_calls", (Array("table", "2 * calls", dtype="int64"), Int("calls", 1)))
+"""Checked calls in one: `calls` pairs (thunk, argument vector), addresses the executor took
+from calls it checked (omrt.native.library.Checked)."""
+
 DWCONV2D = Function(
     "conv", "omrt_dwconv2d_f32",
     (Array("x", "N * (M // mult) * H * W"), Array("w", "M * KH * KW"), Array("bias", "M", optional=True),
@@ -174,6 +178,6 @@ LSTM = Function(
     derived=(("Gp", "-(-4 * hidden // LSTM_PANEL) * LSTM_PANEL"),),
     requires=("dirs <= 2", "layout <= 1", "reverse <= 1"))
 
-FUNCTIONS = (USE_BLAS, POOL_BUSY, GEMM_TILE, DWCONV2D, IM2COL2D, CONV2D, PCONV2D, POOL2D, WINOGRAD, MATMUL, PMATMUL,
-             GELU, BINARY, LSTM)
+FUNCTIONS = (USE_BLAS, POOL_BUSY, RUN_CALLS, GEMM_TILE, DWCONV2D, IM2COL2D, CONV2D, PCONV2D, POOL2D, WINOGRAD,
+             MATMUL, PMATMUL, GELU, BINARY, LSTM)
 """Every exported C function, the library's entry point first."""

@@ -22,9 +22,11 @@ from ..errors import CompileError
 from ..format.kernelstore import FUSED, NATIVE, Packed
 from ..version import __version__
 from . import elf, probe
-from .fused import EXTRA_FLAGS, UNIT
+from .bindings import FUNCTIONS
+from .fused import EXTRA_FLAGS, UNIT, contract
 from .fusegen import Chain, library_source
 from .library import CORE, SOURCES, kernel_abi
+from .signature import thunk_source
 from .target import host, parse_triple
 
 FLAGS = ["-O3", "-std=c11", "-shared", "-fPIC", "-pthread", "-fno-math-errno", "-fno-plt", "-Wall"]
@@ -94,8 +96,9 @@ def once(what: str, make: Callable[[], Any]) -> Any:
 
 def _compile(cc: str, units: list[str], say: Callable[[str], None], named: bool) -> Packed | None:
     say(f"building native kernels ({', '.join(units)}) with {cc}")
+    thunks = thunk_source([fn for fn in FUNCTIONS if fn.unit in (CORE, *units)])
     data = shared_library(cc, [os.path.join(SOURCES, f"{u}.c") for u in [CORE, *units]], "native kernels",
-                          "on numpy kernels only", named)
+                          "on numpy kernels only", named, texts={"thunks.c": thunks})
     if data is None:
         return None
     return Packed(NATIVE, "omrt-native", "omrt", describe(cc, units, data), data)
@@ -118,7 +121,9 @@ def build_fused(chains: list[Chain], guards: dict[str, dict], say: Callable[[str
 def _compile_fused(cc: str, text: str, guards: dict[str, dict], say: Callable[[str], None],
                    named: bool) -> Packed | None:
     say(f"building {len(guards)} fused kernels with {cc}")
-    data = shared_library(cc, [], "fused kernels", "its chains unfused", named, EXTRA_FLAGS, {"fused.c": text})
+    thunks = thunk_source([contract(symbol, spec) for symbol, spec in guards.items()])
+    data = shared_library(cc, [], "fused kernels", "its chains unfused", named, EXTRA_FLAGS,
+                          {"fused.c": text, "thunks.c": thunks})
     if data is None:
         return None
     target = {**describe(cc, [UNIT], data, EXTRA_FLAGS),

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from ..format.kernelstore import Packed
-from .library import Bound, Library
+from .library import Bound, Library, thunk_address
 from .signature import Address, Array, Function, Int
 
 UNIT = "fused"
@@ -73,7 +73,7 @@ class FusedLibrary:
             fn = contract(symbol, spec)
             cfunc = getattr(self._cdll, symbol)
             cfunc.argtypes, cfunc.restype = fn.argtypes, None
-            hit = self._bound[symbol] = Bound(fn, cfunc)
+            hit = self._bound[symbol] = Bound(fn, cfunc, thunk_address(self._cdll, symbol))
         return hit
 
     def calls(self) -> dict[str, int]:

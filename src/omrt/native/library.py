@@ -19,7 +19,7 @@ import numpy as np
 
 from .blas import blas_functions
 from .bindings import POOL_BUSY, USE_BLAS
-from .signature import Function
+from .signature import THUNK_PREFIX, Function
 
 CORE = "workers"
 """The source built into every library: the worker threads the C functions split their work
@@ -43,12 +43,23 @@ def kernel_abi() -> str:
     return digest.hexdigest()[:16]
 
 
+def thunk_address(cdll: ctypes.CDLL, symbol: str) -> int | None:
+    """The address of C function `symbol`'s thunk in `cdll` (signature.Function.thunk), or None
+    when the library has none (its calls then run one at a time)."""
+    try:
+        return ctypes.cast(getattr(cdll, THUNK_PREFIX + symbol), ctypes.c_void_p).value
+    except AttributeError:
+        return None
+
+
 class Bound:
     """A C function of a loaded library: calling it checks every argument first."""
 
-    def __init__(self, function: Function, cfunc: Any) -> None:
+    def __init__(self, function: Function, cfunc: Any, thunk: int | None = None) -> None:
         self.function = function
         self._cfunc = cfunc
+        self.thunk = thunk
+        """The address of its thunk, through which a call list calls it (None: it has none)."""
         self.calls = 0
         """How many times it ran (omrt.backend's native run reports which models reached C)."""
 
@@ -56,10 +67,56 @@ class Bound:
         self._cfunc(*self.function.check(values))
         self.calls += 1
 
-    def partial(self, *tail: Any) -> Callable[..., None]:
+    def bind(self, *values: Any) -> Checked:
+        """This call on `values`, checked now, to repeat on the same arrays."""
+        return Checked(self, self.function.check(values), values)
+
+    def partial(self, *tail: Any) -> Partial:
         """This function with its last arguments bound (a layer's geometry, fixed at load): call
-        the result with the first ones."""
-        return lambda *head: self(*head, *tail)
+        (or bind) the result with the first ones."""
+        return Partial(self, tail)
+
+
+class Partial:
+    """A Bound function with its last arguments given."""
+
+    __slots__ = ("bound", "tail")
+
+    def __init__(self, bound: Bound, tail: tuple) -> None:
+        self.bound, self.tail = bound, tail
+
+    def __call__(self, *head: Any) -> None:
+        self.bound(*head, *self.tail)
+
+    def bind(self, *head: Any) -> Checked:
+        return self.bound.bind(*head, *self.tail)
+
+
+class Checked:
+    """One native call whose arguments were checked once, to repeat on the very same arrays:
+    calling it runs the function again, and a call list (omrt_run_calls) holds it as its thunk
+    and argument `vector`. It keeps the arrays it was checked with alive; whoever repeats it must
+    mean those arrays and no others (the executor checks a call again whenever one of its
+    arrays is replaced, and when the thread count changes)."""
+
+    __slots__ = ("bound", "args", "values", "vector")
+
+    def __init__(self, bound: Bound, args: list, values: tuple) -> None:
+        self.bound, self.args, self.values = bound, args, values
+        self.vector = bound.function.pack(args)
+
+    def __call__(self) -> None:
+        self.bound._cfunc(*self.args)
+        self.bound.calls += 1
+
+    def take(self, other: Checked) -> bool:
+        """Become `other`, a call of the same function, in this vector's memory (call lists
+        holding its address stay valid); False, unchanged, when `other` calls another one."""
+        if other.bound is not self.bound:
+            return False
+        self.args, self.values = other.args, other.values
+        self.vector[:] = other.vector
+        return True
 
 
 class Library:
@@ -112,5 +169,5 @@ class Library:
             return None
         hit = self._bound.get(fn.symbol)
         if hit is None:
-            hit = self._bound[fn.symbol] = Bound(fn, self._cfunc(fn))
+            hit = self._bound[fn.symbol] = Bound(fn, self._cfunc(fn), thunk_address(self._cdll, fn.symbol))
         return hit

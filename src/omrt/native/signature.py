@@ -114,6 +114,15 @@ def declaration(arg: Arg) -> str:
         return f"{'' if arg.write else 'const '}{element} *{arg.name}"
     return _SCALAR_DECLARATIONS[type(arg)] + arg.name
 
+THUNK_PREFIX = "omrt_thunk_"
+"""The thunk of C function f is omrt_thunk_f (`Function.thunk`)."""
+
+
+def thunk_source(functions: Sequence["Function"]) -> str:
+    """A C file of the thunks of `functions`, built into the library that holds them."""
+    return '#include "omrt_native.h"\n\n' + "\n".join(fn.thunk() for fn in functions)
+
+
 PROVED = 256
 """Distinct scalar sets a function remembers as proved (a model calls it with a few each)."""
 
@@ -189,6 +198,27 @@ class Function:
     def prototype(self) -> str:
         """The C prototype this binding calls, e.g. `void f(const float *x, int64_t n)`."""
         return f"void {self.symbol}({', '.join(declaration(a) for a in self.args)})"
+
+    def thunk(self) -> str:
+        """C source of this function's thunk (THUNK_PREFIX + symbol): it calls the function with
+        the arguments of an `omrt_arg` vector laid out by `pack` (csrc/omrt_native.h), so that a
+        call list can hold any function (omrt_run_calls)."""
+        fields = [f"(float)a[{i}].f" if type(arg) is Float else f"a[{i}].{'i' if type(arg) is Int else 'p'}"
+                  for i, arg in enumerate(self.args)]
+        return (f"{self.prototype()};\nOMRT_EXPORT void {THUNK_PREFIX}{self.symbol}(const omrt_arg *a) "
+                f"{{ {self.symbol}({', '.join(fields)}); }}\n")
+
+    def pack(self, checked: Sequence[Any]) -> np.ndarray:
+        """The argument vector of a thunk for C arguments `checked` (what `check` returns): one
+        int64 per argument, an address or integer as it is (NULL as 0), a float as a double."""
+        vector = np.zeros(len(self.args), np.int64)
+        doubles = vector.view(np.float64)
+        for i, (arg, value) in enumerate(zip(self.args, checked)):
+            if type(arg) is Float:
+                doubles[i] = value
+            else:
+                vector[i] = value or 0
+        return vector
 
     def _fail(self, why: str) -> KernelError:
         return KernelError(f"native {self.symbol}: {why}; the kernel's arguments break the C function's "

@@ -9,6 +9,10 @@ instruction kinds):
   inferred, prepared and run on the values it finds when it runs; its outputs are kept by name,
   never planned.
 
+A Call whose kernel's run is native calls only binds them (`Kernel.bind`): their arguments are
+checked once, and again only when one of its arrays or the thread count changes. Consecutive
+such Calls run as one `Batch`, a list of calls C walks in one call from Python.
+
 The executor also owns address refresh: for each graph input and output it records every argument
 slot that refers to it (the seed's `outside_addrs_`), so pointing a tensor at a new buffer touches
 only those slots.
@@ -27,6 +31,10 @@ from ..ir import Node
 from ..kernels import OpContext, kernel_of
 from ..kernels.base import Kernel
 from ..kernels.fused import is_fused
+from ..kernels.parallel import get_num_threads
+from ..native.bindings import RUN_CALLS
+from ..native.library import Bound, Checked
+from ..native.signature import address
 from ..plan import ARENA, INPUT, OUTPUT, WEIGHT, Task
 from ..plan.infer import context, execute, infer_outputs, info_of
 from .prepare import Prepared, kernel_for
@@ -46,10 +54,11 @@ def part(buffer: np.ndarray, start: int, shape: tuple) -> np.ndarray:
 
 
 def call_kernel(kernel: Kernel, op_type: str, label: str, inputs: list, outputs: list,
-                workspace: np.ndarray | None) -> None:
-    """kernel.run, with any failure that is not already an OmrtError made a KernelError naming the node."""
+                workspace: np.ndarray | None, method: str = "run") -> Any:
+    """kernel.run (or another method of the same arguments, `bind`), with any failure that is not
+    already an OmrtError made a KernelError naming the node."""
     try:
-        kernel.run(inputs, outputs, workspace)
+        return getattr(kernel, method)(inputs, outputs, workspace)
     except OmrtError:
         raise
     except Exception as e:
@@ -74,9 +83,21 @@ class Call:
     workspace: np.ndarray | None
     opaque: frozenset[str] = frozenset()
     """Weights this kernel was prepared without the values of (they may change under it)."""
+    bound: list[Checked] | None = None
+    """The native calls that make a run of the kernel on these arrays (`Kernel.bind`), checked;
+    None: a run goes through `kernel.run`."""
 
     def execute(self, values: dict[str, Any], executor: "Executor") -> None:
-        call_kernel(self.kernel, self.node.op_type, self.node.label, self.inputs, self.outputs, self.workspace)
+        if self.bound is None:
+            call_kernel(self.kernel, self.node.op_type, self.node.label, self.inputs, self.outputs, self.workspace)
+            return
+        for call in self.bound:
+            call()
+
+    def bind(self) -> list[Checked] | None:
+        """What `bound` is for the arrays the call holds now."""
+        return call_kernel(self.kernel, self.node.op_type, self.node.label, self.inputs, self.outputs,
+                           self.workspace, "bind")
 
 
 @dataclass
@@ -101,7 +122,40 @@ class LateCall:
                 values[v] = executor.detach(r)
 
 
+@dataclass
+class Batch:
+    """Consecutive Calls made of native calls only, run by one call from Python (omrt_run_calls):
+    through ctypes, each call of a layer costs 4-8 us of argument conversion, as much as a small
+    layer's work."""
+
+    calls: list[Call]
+    table: np.ndarray
+    """(thunk, argument vector) address pairs of the calls' checked native calls, in order."""
+    runner: Checked
+    counted: list[Bound]
+
+    @classmethod
+    def of(cls, calls: list[Call], run_calls: Bound) -> "Batch":
+        checked = [c for call in calls for c in call.bound]
+        table = np.array([(c.bound.thunk, address(c.vector)) for c in checked], np.int64).reshape(-1)
+        return cls(calls, table, run_calls.bind(table, len(checked)), [c.bound for c in checked])
+
+    def execute(self, values: dict[str, Any], executor: "Executor") -> None:
+        self.runner()
+        for bound in self.counted:
+            bound.calls += 1
+
+
 Instruction = Call | LateCall
+
+
+def _take(old: list[Checked] | None, new: list[Checked] | None) -> bool:
+    """Whether the calls `old` took the arguments of `new` in place (the same functions)."""
+    if old is None or new is None or len(old) != len(new) or any(o.bound is not n.bound for o, n in zip(old, new)):
+        return False
+    for o, n in zip(old, new):
+        o.take(n)
+    return True
 
 
 class Executor:
@@ -118,6 +172,14 @@ class Executor:
         """The buffer each graph input and output currently points at."""
         self.instructions: list[Instruction] = [self._instruction(t, task)
                                                 for t, task in enumerate(prep.program.tasks)]
+        self._holders = self._slot_holders()
+        self._stale = {t for t, step in enumerate(self.instructions) if isinstance(step, Call)}
+        """Calls to bind again before the next run: one of their arrays changed."""
+        self._threads = 0
+        """The thread count the calls were bound for (each call's split depends on it)."""
+        self._run_calls = prep.native.get(RUN_CALLS) if prep.native is not None else None
+        self._steps: list[Instruction | Batch] | None = None
+        """The instructions with each run of consecutive batchable Calls as one Batch."""
 
     @staticmethod
     def _lay_out(prep: Prepared, arena: np.ndarray, stream: WeightStream | None) -> dict[str, np.ndarray]:
@@ -169,6 +231,17 @@ class Executor:
         workspace = self.arena[start:start + task.workspace_size] if task.workspace_size else None
         return Call(node, task, kernel, inputs, outputs, workspace, prep.streamed)
 
+    def _slot_holders(self) -> dict[str, list[int]]:
+        """For each graph input, output and weight with slots: the Calls holding one."""
+        holders: dict[str, list[int]] = {}
+        for t, step in enumerate(self.instructions):
+            if isinstance(step, Call):
+                for v in {*step.task.inputs, *step.task.outputs} - {""}:
+                    where = self._slot_of(v)
+                    if where is not None:
+                        holders.setdefault(where[0], []).append(t)
+        return holders
+
     def point(self, name: str, buffer: np.ndarray) -> None:
         """Address refresh: re-point every argument slot that refers to graph I/O tensor `name`."""
         if self.targets.get(name) is buffer:
@@ -176,6 +249,43 @@ class Executor:
         for args, pos, start, shape in self.slots.get(name, ()):
             args[pos] = part(buffer, start, shape)
         self.targets[name] = buffer
+        self._stale.update(self._holders.get(name, ()))
+
+    def _bind(self) -> None:
+        """Bind the stale Calls (all of them when the thread count changed) and group the
+        instructions again when a call's kind changed; a call that binds to calls of the same
+        functions again takes their arguments in place, so the batches stay as they are."""
+        threads = get_num_threads()
+        if threads != self._threads:
+            self._stale.update(t for t, step in enumerate(self.instructions) if isinstance(step, Call))
+            self._threads = threads
+        regroup = self._steps is None
+        for t in sorted(self._stale):
+            step = self.instructions[t]
+            bound = step.bind()
+            if not _take(step.bound, bound):
+                step.bound = bound
+                regroup = True
+            self._stale.discard(t)
+        if regroup:
+            self._steps = self._group()
+
+    def _group(self) -> list[Instruction | Batch]:
+        """The instructions, each run of Calls that are native calls with thunks one Batch."""
+        steps: list[Instruction | Batch] = []
+        run: list[Call] = []
+        for step in self.instructions:
+            if self._run_calls is not None and isinstance(step, Call) and step.bound and all(
+                    c.bound.thunk is not None for c in step.bound):
+                run.append(step)
+                continue
+            if run:
+                steps.append(Batch.of(run, self._run_calls))
+                run = []
+            steps.append(step)
+        if run:
+            steps.append(Batch.of(run, self._run_calls))
+        return steps
 
     def swap_weight(self, key: str, array: np.ndarray) -> None:
         """Point every reader of weight `key` at `array` from the next run on; readers prepared
@@ -194,6 +304,7 @@ class Executor:
                                 f"{kernel.workspace()} bytes of workspace without its value, the plan "
                                 f"gives {step.task.workspace_size}")
             step.kernel, step.opaque = kernel, opaque
+            self._stale.add(self.instructions.index(step))
         self.point(key, array)
 
     def _reads(self, task: Task, key: str) -> bool:
@@ -210,6 +321,10 @@ class Executor:
         self.targets.pop(name, None)
         for args, pos, _, _ in self.slots.get(name, ()):
             args[pos] = None
+        for t in self._holders.get(name, ()):
+            self.instructions[t].bound = None  # lets go of the buffer too
+            self._stale.add(t)
+        self._steps = None
 
     def value(self, name: str) -> np.ndarray:
         """The array holding planned value `name` now (arena, weights, or an I/O tensor's buffer)."""
@@ -236,10 +351,11 @@ class Executor:
         sequence and optional inputs, included). `tally` adds each op type's (each fused chain's)
         wall time, and its threads' busy time when it reads them."""
         found: dict[str, Any] = dict(values)
+        self._bind()
         if self.stream is not None:
             return self._run_streamed(found, tally)
         if tally is None:
-            for step in self.instructions:
+            for step in self._steps:
                 step.execute(found, self)
             return found
         for step in self.instructions:

@@ -30,6 +30,16 @@
 /* Inlined into each per-ISA clone of its caller, so that it is compiled for that ISA too. */
 #define OMRT_INLINE inline __attribute__((always_inline))
 
+/* One argument of a call in a call list (omrt_run_calls, workers.c): a generated thunk per
+ * exported function (omrt.native.signature.Function.thunk) reads a vector of them, pointers and
+ * integers as they are, floats stored as doubles. */
+typedef union {
+    int64_t i;
+    double f;
+    void *p;
+} omrt_arg;
+typedef void (*omrt_thunk)(const omrt_arg *args);
+
 /* Fused activations (omrt.native.bindings.ACTIVATIONS). */
 enum { OMRT_ACT_NONE = 0, OMRT_ACT_RELU = 1, OMRT_ACT_LEAKY = 2, OMRT_ACT_CLIP = 3 };
 

@@ -88,6 +88,14 @@ OMRT_EXPORT void omrt_pool_busy(int64_t *ns, int64_t n) {
     for (int64_t t = 0; t < n; t++) ns[t] = atomic_load_explicit(&busy_time[t].ns, memory_order_relaxed);
 }
 
+/* A run of native calls in one call from Python: table holds `calls` pairs (thunk address,
+ * address of its argument vector), called in order. Python builds the table from calls it
+ * checked (omrt.runtime.executor), as it checks every direct call. */
+OMRT_EXPORT void omrt_run_calls(const int64_t *table, int64_t calls) {
+    for (int64_t c = 0; c < calls; c++)
+        ((omrt_thunk)(intptr_t)table[2 * c])((const omrt_arg *)(intptr_t)table[2 * c + 1]);
+}
+
 /* Wait until the epoch moves past `seen`: spin first, then sleep. */
 static uint64_t wait_for_job(uint64_t seen) {
     int64_t t0 = now_ns();
