@@ -195,9 +195,11 @@ MIN_RUN = 16
 layout: shorter rows cost more in per-row setup than numpy does."""
 
 MIN_NATIVE_BYTES = 1 << 18
-"""Outputs smaller than this stay with numpy: a checked native call costs several microseconds
-before its loop starts, about what numpy takes for 64K floats; from there on the C loop, split
-over the native workers and applying the activation in the same pass, is faster."""
+"""Outputs smaller than this stay with numpy when the kernel runs on its own: a checked native
+call costs several microseconds before its loop starts, about what numpy takes for 64K floats;
+from there on the C loop, split over the native workers and applying the activation in the same
+pass, is faster. A call the executor binds (`Kernel.bind`) is checked once and costs next to
+nothing in a call list, so it goes to C at any size."""
 
 
 def _runs(small: tuple[int, ...], out: tuple[int, ...]) -> tuple[int, int, int, int] | None:
@@ -259,11 +261,11 @@ class NativeArith:
         fn = ctx.native.get(BINARY)
         return None if fn is None else cls(fn, ARITHMETIC[op], act)
 
-    def bind(self, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> list[Checked] | None:
-        """The call out = act(a op b), checked; None when out is small, an array is not
-        C-contiguous float32, out overlaps an input other than by being it, or the shapes have
-        no layout the loop reads (`binary_layout`)."""
-        if out.nbytes < MIN_NATIVE_BYTES or not all(x.dtype == np.float32 and x.flags.c_contiguous
+    def bind(self, a: np.ndarray, b: np.ndarray, out: np.ndarray, least: int = 0) -> list[Checked] | None:
+        """The call out = act(a op b), checked; None when out has fewer than `least` bytes, an
+        array is not C-contiguous float32, out overlaps an input other than by being it, or the
+        shapes have no layout the loop reads (`binary_layout`)."""
+        if out.nbytes < least or not all(x.dtype == np.float32 and x.flags.c_contiguous
                                                     for x in (a, b, out)):
             return None
         if _partly_overlap(a, out) or _partly_overlap(b, out):
@@ -323,9 +325,9 @@ class Binary(Kernel):
         return None if self.native is None else self.native.bind(inputs[0], inputs[1], outputs[0])
 
     def run(self, inputs, outputs, workspace):
-        if run_bound(self.bind(inputs, outputs, workspace)):
-            return
         a, b, out = inputs[0], inputs[1], outputs[0]
+        if self.native is not None and run_bound(self.native.bind(a, b, out, MIN_NATIVE_BYTES)):
+            return
         if self.tile is not None and out.flags.c_contiguous and inputs[1 - self.tile[0]].flags.c_contiguous:
             k, run = self.tile
             small = inputs[k]
@@ -477,11 +479,15 @@ class Variadic(Kernel):
         return [TensorInfo(xs[0].dtype, broadcast_shapes(*(x.shape for x in xs), name=ctx.name))]
 
     def bind(self, inputs, outputs, workspace):
+        return self._bind_pair(inputs, outputs[0], 0)
+
+    def _bind_pair(self, inputs, out: np.ndarray, least: int) -> list[Checked] | None:
+        """The native call of a node of two inputs (NativeArith.bind), else None."""
         xs = [x for x in inputs if x is not None]
-        return self.native.bind(xs[0], xs[1], outputs[0]) if len(xs) == 2 and self.native is not None else None
+        return self.native.bind(xs[0], xs[1], out, least) if len(xs) == 2 and self.native is not None else None
 
     def run(self, inputs, outputs, workspace):
-        if run_bound(self.bind(inputs, outputs, workspace)):
+        if run_bound(self._bind_pair(inputs, outputs[0], MIN_NATIVE_BYTES)):
             return
         xs = [x for x in inputs if x is not None]
         out = outputs[0]
