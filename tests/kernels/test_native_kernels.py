@@ -27,11 +27,14 @@ def _activated(y: np.ndarray, act: str | None) -> np.ndarray:
         return np.clip(y, -0.5, 0.5)
     if act == "LeakyRelu":
         return np.where(y < 0, y * 0.1, y)
+    if act == "HardSigmoid":
+        return np.clip(y * np.float32(0.2) + np.float32(0.5), 0, 1)
     return y
 
 
 ACTS = {None: {}, "Relu": {"_act": "Relu"}, "Clip": {"_act": "Clip", "_act_alpha": -0.5, "_act_beta": 0.5},
-        "LeakyRelu": {"_act": "LeakyRelu", "_act_alpha": 0.1}}
+        "LeakyRelu": {"_act": "LeakyRelu", "_act_alpha": 0.1},
+        "HardSigmoid": {"_act": "HardSigmoid", "_act_alpha": 0.2, "_act_beta": 0.5}}
 
 
 @pytest.fixture(scope="module")
@@ -145,7 +148,7 @@ def test_max_pool_propagates_nan_like_numpy(native, band_floats, stride, nans, m
 @pytest.mark.parametrize("threads", [1, 2], indirect=True)
 @pytest.mark.parametrize("band_bytes", [conv_module.DEPTHWISE_BAND_BYTES, 2048])
 @SETTINGS
-@given(windows(5, 40), st.integers(1, 2), st.sampled_from([None, "Relu", "Clip", "LeakyRelu"]),
+@given(windows(5, 40), st.integers(1, 2), st.sampled_from([None, "Relu", "Clip", "LeakyRelu", "HardSigmoid"]),
        st.integers(1, 2), st.booleans(), st.sampled_from([3, 20]))
 def test_depthwise_conv_matches_numpy_path(native, threads, band_bytes, window, dilation, act, mult, bias, channels):
     """Narrow planes (under 16 output columns) go 16 channels at a time, 20 channels making a

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from .signature import Address, Array, Float, Function, Int, Matrix
 
-ACTIVATIONS = {None: 0, "Relu": 1, "LeakyRelu": 2, "Clip": 3}
+ACTIVATIONS = {None: 0, "Relu": 1, "LeakyRelu": 2, "Clip": 3, "HardSigmoid": 4}
 """The fused activations the C loops apply themselves (csrc/omrt_native.h, OMRT_ACT_*)."""
 
 
@@ -30,7 +30,7 @@ def _window(*extra: Int) -> tuple[Int, ...]:
 
 _ACT = (Int("act"), Float("alpha"), Float("beta"))
 _TAPS = "KW <= MAX_TAPS"
-_ACT_KNOWN = "act <= 3"
+_ACT_KNOWN = "act <= 4"
 
 USE_BLAS = Function("workers", "omrt_use_blas", (Address("sgemm"), Address("sgemv"), Int("ilp64")))
 

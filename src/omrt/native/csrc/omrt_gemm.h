@@ -39,6 +39,7 @@ static inline float omrt_act1(float v, const omrt_epilogue *e) {
     case OMRT_ACT_RELU: return v > 0.0f ? v : 0.0f;
     case OMRT_ACT_LEAKY: return v < 0.0f ? v * e->alpha : v;
     case OMRT_ACT_CLIP: return v < e->alpha ? e->alpha : (v > e->beta ? e->beta : v);
+    case OMRT_ACT_HARD_SIGMOID: return omrt_hard_sigmoid(v, e->alpha, e->beta);
     default: return v;
     }
 }
@@ -73,6 +74,10 @@ OMRT_AVX512 static inline __m512 omrt_act16(__m512 v, const omrt_epilogue *e) {
         return _mm512_mask_mul_ps(v, neg, v, _mm512_set1_ps(e->alpha));
     }
     case OMRT_ACT_CLIP: return _mm512_min_ps(_mm512_max_ps(v, _mm512_set1_ps(e->alpha)), _mm512_set1_ps(e->beta));
+    case OMRT_ACT_HARD_SIGMOID: {
+        __m512 t = _mm512_fmadd_ps(v, _mm512_set1_ps(e->alpha), _mm512_set1_ps(e->beta));
+        return _mm512_min_ps(_mm512_max_ps(t, _mm512_setzero_ps()), _mm512_set1_ps(1.0f));
+    }
     default: return v;
     }
 }
@@ -124,6 +129,10 @@ OMRT_AVX2 static inline __m256 omrt_act8(__m256 v, const omrt_epilogue *e) {
         return _mm256_blendv_ps(v, _mm256_mul_ps(v, _mm256_set1_ps(e->alpha)), neg);
     }
     case OMRT_ACT_CLIP: return _mm256_min_ps(_mm256_max_ps(v, _mm256_set1_ps(e->alpha)), _mm256_set1_ps(e->beta));
+    case OMRT_ACT_HARD_SIGMOID: {
+        __m256 t = _mm256_fmadd_ps(v, _mm256_set1_ps(e->alpha), _mm256_set1_ps(e->beta));
+        return _mm256_min_ps(_mm256_max_ps(t, _mm256_setzero_ps()), _mm256_set1_ps(1.0f));
+    }
     default: return v;
     }
 }

@@ -41,7 +41,13 @@ typedef union {
 typedef void (*omrt_thunk)(const omrt_arg *args);
 
 /* Fused activations (omrt.native.bindings.ACTIVATIONS). */
-enum { OMRT_ACT_NONE = 0, OMRT_ACT_RELU = 1, OMRT_ACT_LEAKY = 2, OMRT_ACT_CLIP = 3 };
+enum { OMRT_ACT_NONE = 0, OMRT_ACT_RELU = 1, OMRT_ACT_LEAKY = 2, OMRT_ACT_CLIP = 3, OMRT_ACT_HARD_SIGMOID = 4 };
+
+/* HardSigmoid: alpha * v + beta, clamped to [0, 1]. */
+static inline float omrt_hard_sigmoid(float v, float alpha, float beta) {
+    float t = alpha * v + beta;
+    return t < 0.0f ? 0.0f : (t > 1.0f ? 1.0f : t);
+}
 
 static inline void omrt_activate(float *y, int64_t n, int64_t act, float alpha, float beta) {
     switch (act) {
@@ -53,6 +59,9 @@ static inline void omrt_activate(float *y, int64_t n, int64_t act, float alpha, 
         break;
     case OMRT_ACT_CLIP:
         for (int64_t i = 0; i < n; i++) y[i] = y[i] < alpha ? alpha : (y[i] > beta ? beta : y[i]);
+        break;
+    case OMRT_ACT_HARD_SIGMOID:
+        for (int64_t i = 0; i < n; i++) y[i] = omrt_hard_sigmoid(y[i], alpha, beta);
         break;
     default:
         break;
