@@ -27,13 +27,14 @@ W2 = (RNG.standard_normal((24, 32, 1, 1)) / 6).astype(np.float32)
 
 
 def block_model() -> onnx.ModelProto:
-    """Conv+Relu, MaxPool, depthwise Conv, a small Add (numpy: it splits the calls in two runs),
-    a 1x1 Conv: x[1, 16, 40, 40] -> y[1, 24, 20, 20]."""
+    """Conv+Relu, MaxPool, depthwise Conv, Add, Softmax (numpy: it splits the calls in two
+    runs), a 1x1 Conv: x[1, 16, 40, 40] -> y[1, 24, 20, 20]."""
     nodes = [helper.make_node("Conv", ["x", "W1", "B1"], ["c"], pads=[1, 1, 1, 1]),
              helper.make_node("Relu", ["c"], ["r"]),
              helper.make_node("MaxPool", ["r"], ["p"], kernel_shape=[2, 2], strides=[2, 2]),
              helper.make_node("Conv", ["p", "WD"], ["d"], pads=[1, 1, 1, 1], group=32),
-             helper.make_node("Add", ["d", "p"], ["s"]),
+             helper.make_node("Add", ["d", "p"], ["a"]),
+             helper.make_node("Softmax", ["a"], ["s"], axis=1),
              helper.make_node("Conv", ["s", "W2"], ["y"])]
     g = helper.make_graph(nodes, "block", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 40, 40])],
                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 24, 20, 20])],
@@ -83,13 +84,13 @@ def test_a_run_makes_its_native_calls_in_call_lists_and_matches_numpy(block_om, 
     got, want = session.run({"x": x})["y"], plain.run({"x": x})["y"]
     _close(got, want)
     batches = _batches(session)
-    assert [len(b.calls) for b in batches] == [3, 1]  # conv, pool, depthwise | the Add | the 1x1 conv
+    assert [len(b.calls) for b in batches] == [4, 1]  # conv, pool, depthwise, add | Softmax | 1x1 conv
     before = session.model.native.calls()
     session.run({"x": x})
     after = session.model.native.calls()
     assert after[bindings.RUN_CALLS.symbol] - before.get(bindings.RUN_CALLS.symbol, 0) == 2
     made = sum(after.values()) - sum(before.values()) - 2
-    assert made == sum(len(call.bound) for b in batches for call in b.calls) == 4
+    assert made == sum(len(call.bound) for b in batches for call in b.calls) == 5
 
 
 def test_each_batch_lists_the_thunks_and_vectors_of_its_checked_calls(block_om, one_thread):
@@ -160,7 +161,7 @@ def test_unbinding_an_output_lets_go_of_its_buffer(block_om, one_thread):
 def test_profiled_runs_time_each_call_of_a_batch(block_om, one_thread):
     session = _session(block_om)
     profile = session.profile({"x": _x()}, repeat=2)
-    assert {"Conv", "MaxPool", "Add"} <= set(profile)
+    assert {"Conv", "MaxPool", "Add", "Softmax"} <= set(profile)
     assert all(isinstance(s, Call) for s in session._executor.instructions)
 
 
