@@ -165,6 +165,29 @@ def test_profiled_runs_time_each_call_of_a_batch(block_om, one_thread):
     assert all(isinstance(s, Call) for s in session._executor.instructions)
 
 
+def concat_model(axis: int) -> onnx.ModelProto:
+    """Three convs of x[2, 4, 6, 6] joined on `axis`: y's every input is a block copy in C."""
+    ws = [(RNG.standard_normal((m, 4, 1, 1)) / 2).astype(np.float32) for m in ((3, 5, 2) if axis == 1 else (4, 4, 4))]
+    convs = [helper.make_node("Conv", ["x", f"W{i}"], [f"c{i}"]) for i in range(3)]
+    join = helper.make_node("Concat", ["c0", "c1", "c2"], ["y"], axis=axis)
+    g = helper.make_graph(convs + [join], "join", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4, 6, 6])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                          [numpy_helper.from_array(w, f"W{i}") for i, w in enumerate(ws)])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("axis", [0, 1, 3])
+def test_a_concat_copies_its_inputs_in_the_call_list(tmp_path, axis, one_thread):
+    path = str(tmp_path / "join.om")
+    omrt.compile(concat_model(axis), path)
+    session = _session(path)
+    x = np.random.default_rng(axis).standard_normal((2, 4, 6, 6)).astype(np.float32)
+    got = session.run({"x": x})["y"]
+    np.testing.assert_array_equal(got, omrt.load(path).session().run({"x": x})["y"])
+    joined = [call for b in _batches(session) for call in b.calls if call.node.op_type == "Concat"]
+    assert len(joined) == 1 and {c.bound.function.symbol for c in joined[0].bound} == {"omrt_copy_blocks_f32"}
+
+
 def _f32(*shape: int) -> np.ndarray:
     return np.random.default_rng(1).standard_normal(shape).astype(np.float32)
 

@@ -7,13 +7,15 @@ triangle or a diagonal.
 
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 import numpy as np
 
 from ..errors import KernelError, ShapeError
+from ..native.bindings import COPY_BLOCKS
 from .base import (Dim, Kernel, OpContext, Shape, TensorInfo, broadcast_shapes, normalize_axis,
-                   onnx_dtype, register)
+                   onnx_dtype, register, run_bound)
 from .shape import (_ints, _known, _length, _merge, _normalize_axes, _present, _same_memory,
                     _shape_from)
 
@@ -52,11 +54,36 @@ class Concat(Kernel):
         axis = normalize_axis(int(ctx.attrs.get("axis", 1)), outputs[0].rank, ctx.name)
         return 0 if inputs[0] is not None and all(d == 1 for d in outputs[0].shape[:axis]) else None
 
+    native_units = ("elementwise",)
+
     def __init__(self, ctx, inputs, outputs):
         super().__init__(ctx, inputs, outputs)
         self.axis = normalize_axis(int(ctx.attrs.get("axis", 1)), outputs[0].rank, ctx.name)
+        float32 = outputs[0].dtype == np.float32 and ctx.native is not None
+        self.native_copy = ctx.native.get(COPY_BLOCKS) if float32 else None
+
+    def bind(self, inputs, outputs, workspace):
+        """Each input's copy into its slice of the output, checked, when all are float32 and
+        C-contiguous and none overlaps the output (but input 0 already in place); else None."""
+        out = outputs[0]
+        if self.native_copy is None or not out.flags.c_contiguous or out.size == 0:
+            return None
+        flat, blocks = out.reshape(-1), math.prod(out.shape[:self.axis])
+        pitch, pos, calls = out.size // blocks, 0, []
+        for i, x in enumerate(inputs):
+            if x is None or x.size == 0:
+                continue
+            size = x.size // blocks
+            if not (i == 0 and _same_memory(x, out)):
+                if x.dtype != np.float32 or not x.flags.c_contiguous or np.may_share_memory(x, out):
+                    return None
+                calls.append(self.native_copy.bind(x, flat[pos:], blocks, size, pitch))
+            pos += size
+        return calls
 
     def run(self, inputs, outputs, workspace):
+        if run_bound(self.bind(inputs, outputs, workspace)):
+            return
         out, pos = outputs[0], 0
         lead = (slice(None),) * self.axis
         for i, x in enumerate(inputs):

@@ -165,6 +165,11 @@ BINARY = Function(
      Int("op"), Int("rows", 1), Int("inner", 1), Int("b_rows", 1), Int("b_cols", 1), Int("threads", 1), *_ACT),
     requires=("op <= 7", "b_cols == 1 or b_cols == inner", _ACT_KNOWN))
 
+COPY_BLOCKS = Function("elementwise", "omrt_copy_blocks_f32",
+                       (Array("x", "blocks * size"), Array("y", "(blocks - 1) * pitch + size", write=True),
+                        Int("blocks", 1), Int("size", 1), Int("pitch")), requires=("pitch >= size",))
+"""A Concat input's blocks into the output, `pitch` floats apart; x and y must not overlap."""
+
 _STATE = "dirs * batch * hidden"
 
 LSTM = Function(
@@ -179,5 +184,5 @@ LSTM = Function(
     requires=("dirs <= 2", "layout <= 1", "reverse <= 1"))
 
 FUNCTIONS = (USE_BLAS, POOL_BUSY, RUN_CALLS, GEMM_TILE, DWCONV2D, IM2COL2D, CONV2D, PCONV2D, POOL2D, WINOGRAD,
-             MATMUL, PMATMUL, GELU, BINARY, LSTM)
+             MATMUL, PMATMUL, GELU, BINARY, COPY_BLOCKS, LSTM)
 """Every exported C function, the library's entry point first."""

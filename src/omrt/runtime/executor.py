@@ -275,17 +275,18 @@ class Executor:
         steps: list[Instruction | Batch] = []
         run: list[Call] = []
         for step in self.instructions:
-            if self._run_calls is not None and isinstance(step, Call) and step.bound and all(
+            if self._run_calls is not None and isinstance(step, Call) and step.bound is not None and all(
                     c.bound.thunk is not None for c in step.bound):
                 run.append(step)
                 continue
-            if run:
-                steps.append(Batch.of(run, self._run_calls))
-                run = []
+            steps += self._batch(run)
+            run = []
             steps.append(step)
-        if run:
-            steps.append(Batch.of(run, self._run_calls))
-        return steps
+        return steps + self._batch(run)
+
+    def _batch(self, run: list[Call]) -> list[Batch]:
+        """`run` as one Batch; none when it makes no call (Calls bound to nothing to do)."""
+        return [Batch.of(run, self._run_calls)] if any(call.bound for call in run) else []
 
     def swap_weight(self, key: str, array: np.ndarray) -> None:
         """Point every reader of weight `key` at `array` from the next run on; readers prepared

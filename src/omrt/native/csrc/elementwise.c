@@ -133,3 +133,9 @@ OMRT_EXPORT void omrt_binary_f32(const float *a, const float *b, float *y, int64
                     .act = act, .alpha = alpha, .beta = beta};
     split(binary_run, &j, rows * inner, threads);
 }
+
+/* y[b * pitch + i] = x[b * size + i] for every block b < blocks and i < size: an input of a
+ * Concat into its slice of the output (pitch: the output's floats per block). */
+OMRT_EXPORT void omrt_copy_blocks_f32(const float *x, float *y, int64_t blocks, int64_t size, int64_t pitch) {
+    for (int64_t b = 0; b < blocks; b++) memcpy(y + b * pitch, x + b * size, (size_t)size * sizeof(float));
+}
