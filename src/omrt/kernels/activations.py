@@ -18,7 +18,7 @@ from ..errors import ShapeError
 from ..memory import align
 from ..native.bindings import GELU
 from . import parallel
-from .base import OpContext, TensorInfo, numel, register
+from .base import OpContext, TensorInfo, numel, register, run_bound
 from .elementwise import FLOAT, NUMERIC, Binary, Unary, _check_kind, _check_same_dtype
 
 
@@ -338,12 +338,15 @@ class Gelu(ErfBased):
             if ctx.native is not None and inputs[0].dtype == np.float32:
                 self.native_gelu = ctx.native.get(GELU)
 
-    def run(self, inputs, outputs, workspace):
+    def bind(self, inputs, outputs, workspace):
         x, out = inputs[0], outputs[0]
         if self.native_gelu is None or not (x.flags.c_contiguous and out.flags.c_contiguous):
+            return None
+        return [self.native_gelu.bind(x, out, self.cdf, self.slope, x.size, parallel.native_threads(nbytes=x.nbytes))]
+
+    def run(self, inputs, outputs, workspace):
+        if not run_bound(self.bind(inputs, outputs, workspace)):
             super().run(inputs, outputs, workspace)
-            return
-        self.native_gelu(x, out, self.cdf, self.slope, x.size, parallel.native_threads(nbytes=x.nbytes))
 
     def work_dtype(self, dtype):
         return Pointwise.work_dtype(self, dtype) if self.tanh else super().work_dtype(dtype)

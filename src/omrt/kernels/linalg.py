@@ -8,6 +8,7 @@ import numpy as np
 
 from ..errors import ShapeError
 from ..native.bindings import MATMUL, activation_code
+from ..native.library import Checked
 from ..native.signature import address
 from . import parallel
 from .base import (FUSED_ACTIVATIONS, Kernel, OpContext, Shape, TensorInfo, apply_activation,
@@ -103,37 +104,53 @@ class _Product:
         self.native = native if np.dtype(dtype) == np.float32 else None
         self.act = activation_code(ctx.attrs) if self.native is not None and fuse else None
 
-    def _run_native(self, a: np.ndarray, b: np.ndarray, out: np.ndarray, bias: np.ndarray | None,
-                    act: tuple[int, float, float]) -> bool:
-        """a @ b (+ bias, then the activation `act`) into out in one native call; False when the
-        operands are not matrices BLAS reads in place (then nothing was written)."""
+    def _bind_native(self, a: np.ndarray, b: np.ndarray, out: np.ndarray, bias: np.ndarray | None,
+                     act: tuple[int, float, float]) -> Checked | None:
+        """The native call of a @ b (+ bias, then the activation `act`) into out, checked; None
+        when the operands are not matrices BLAS reads in place."""
         a, b, out = (_drop_leading_ones(x) for x in (a, b, out))
         batch = out.shape[0] if out.ndim == 3 else 1
         views = [_blas_operand(x, batch) for x in (a, b, out)]
         if None in views or views[2][1]:  # a vector (1-d operand), or a layout BLAS cannot read
-            return False
+            return None
         m, n = out.shape[-2:]
         k = a.shape[-1]
         if (0 in (m, n, k) or a.ndim > out.ndim or b.ndim > out.ndim
                 or np.may_share_memory(out, a) or np.may_share_memory(out, b)):
-            return False
+            return None
         (lda, ta, sa), (ldb, tb, sb), (ldc, _, sc) = views
         threads = parallel.native_threads(2 * batch * m * n * k)
-        self.native(a, b, bias, out, batch, m, n, k, lda, ldb, ldc, ta, tb, sa, sb, sc, threads, *act)
-        return True
+        return self.native.bind(a, b, bias, out, batch, m, n, k, lda, ldb, ldc, ta, tb, sa, sb, sc, threads, *act)
+
+    def _fused(self, out: np.ndarray, bias: np.ndarray | None) -> bool:
+        """Whether the native call also adds `bias` and applies the node's activation: the
+        activation is one it fuses (and the product was made with fuse=True) and the bias a
+        float32 vector over the columns."""
+        return self.act is not None and (bias is None or (
+            bias.dtype == np.float32 and bias.flags.c_contiguous and bias.size == out.shape[-1] == bias.shape[-1]))
+
+    def _folded(self, a: np.ndarray, out: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return (a.reshape(self.shapes[0]), out.reshape(self.shapes[2])) if self.fold else (a, out)
+
+    def bind(self, a: np.ndarray, b: np.ndarray, out: np.ndarray,
+             bias: np.ndarray | None = None) -> list[Checked] | None:
+        """The native call of out = act(a @ b + bias), checked, when it does all of that; else None."""
+        a, out = self._folded(a, out)
+        if self.native is None or not self._fused(out, bias):
+            return None
+        call = self._bind_native(a, b, out, bias, self.act)
+        return None if call is None else [call]
 
     def __call__(self, a: np.ndarray, b: np.ndarray, out: np.ndarray, workspace: np.ndarray | None,
                  bias: np.ndarray | None = None) -> bool:
-        """out = a @ b; True when it also added `bias` and applied the node's activation, which
-        the native call does when the activation is one it fuses (and the product was made with
-        fuse=True) and the bias a float32 vector over the columns. On False the caller does both."""
-        if self.fold:
-            a = a.reshape(self.shapes[0])
-            out = out.reshape(self.shapes[2])
+        """out = a @ b; True when it also added `bias` and applied the node's activation (`_fused`).
+        On False the caller does both."""
+        a, out = self._folded(a, out)
         if self.native is not None:
-            fuse = self.act is not None and (bias is None or (
-                bias.dtype == np.float32 and bias.flags.c_contiguous and bias.size == out.shape[-1] == bias.shape[-1]))
-            if self._run_native(a, b, out, bias if fuse else None, self.act if fuse else _NO_ACTIVATION):
+            fuse = self._fused(out, bias)
+            call = self._bind_native(a, b, out, bias if fuse else None, self.act if fuse else _NO_ACTIVATION)
+            if call is not None:
+                call()
                 return fuse
         if not self.wide:
             parallel.matmul(a, b, out)
@@ -203,6 +220,9 @@ class MatMulBase(Kernel):
 class MatMul(MatMulBase):
     """Matrix product with numpy.matmul semantics (1-D promotion, batch broadcasting)."""
 
+    def bind(self, inputs, outputs, workspace):
+        return self.product.bind(*self.views(inputs, outputs[0]))
+
     def run(self, inputs, outputs, workspace):
         a, b, out = self.views(inputs, outputs[0])
         if not self.product(a, b, out, workspace):
@@ -226,6 +246,9 @@ class FusedMatMul(MatMulBase):
             raise ShapeError(f"{ctx.name}: FusedMatMul bias {bias.shape} must broadcast to the "
                              f"product's shape {product} without growing it; keep MatMul and Add")
         return out
+
+    def bind(self, inputs, outputs, workspace):
+        return self.product.bind(*self.views(inputs, outputs[0]), inputs[2])
 
     def run(self, inputs, outputs, workspace):
         a, b, out = self.views(inputs, outputs[0])
@@ -286,6 +309,13 @@ class Gemm(Kernel):
 
     def workspace(self) -> int:
         return self.product.workspace_bytes
+
+    def bind(self, inputs, outputs, workspace):
+        if self.has_c and not self.as_bias:
+            return None
+        a, b = inputs[0], inputs[1]
+        bias = inputs[2] if self.has_c else None
+        return self.product.bind(a.T if self.trans_a else a, b.T if self.trans_b else b, outputs[0], bias)
 
     def run(self, inputs, outputs, workspace):
         a, b, out = inputs[0], inputs[1], outputs[0]
