@@ -87,6 +87,7 @@ def _calls() -> dict:
         # x[4, 24] * s[4, 1] then Relu, on two threads
         bindings.BINARY: [_f32(4, 24), _f32(4, 1), _f32(4, 24), 2, 4, 24, 4, 1, 2, 1, 0.0, 0.0],
         bindings.POOL_BUSY: [np.zeros(4, np.int64), 4],
+        bindings.GLOBAL_POOL: [_f32(6, 10), _f32(6), 6, 10, 0, 2],
         # 3 blocks of 4 floats into an output of 10 floats per block, the last block ending it
         bindings.COPY_BLOCKS: [_f32(12), _f32(24), 3, 4, 10],
         # bidirectional, 3 steps, batch 2, hidden 5, peepholes, layout 1, on two threads
@@ -175,6 +176,7 @@ BROKEN_RULES = [
     (bindings.BINARY, 6, 5, r"b must hold b_rows \* b_cols = 5 floats"),
     (bindings.BINARY, 9, 5, r"requires act <= 4"),
     (bindings.POOL_BUSY, 1, 65, r"requires n <= POOL_THREADS"),
+    (bindings.GLOBAL_POOL, 4, 2, r"requires is_max <= 1"),
     (bindings.COPY_BLOCKS, 4, 3, r"requires pitch >= size"),
     (bindings.LSTM, 9, 3, r"requires dirs <= 2"),
     (bindings.LSTM, 12, 6, r"proj must hold seq \* batch \* dirs \* 4 \* hidden = 288 floats"),

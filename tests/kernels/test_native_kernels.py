@@ -570,3 +570,27 @@ def test_shuffled_conv_is_the_conv_then_the_channel_shuffle(native, threads, ker
     want = _shuffled(_activated(reference("Conv", [x, w, b], {"group": groups, "pads": [kernel // 2] * 4})[0],
                                 "Relu"), groups)
     np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-4 * float(np.abs(want).max()))
+
+
+@pytest.mark.parametrize("threads", [1, 2], indirect=True)
+@pytest.mark.parametrize("shape", [(2, 3, 7, 7), (1, 5, 13), (1, 2, 3, 4, 5), (3, 1, 1, 1)])
+def test_global_pools_in_c_match_the_reference(native, threads, shape):
+    """Planes of any size (not only multiples of the eight lanes), split over the threads."""
+    x = randn(*shape) * 3 + 1
+    before = native.calls().get("omrt_global_pool_f32", 0)
+    mean = run_kernel("GlobalAveragePool", [x], native=native)[0]
+    top = run_kernel("GlobalMaxPool", [x], native=native)[0]
+    assert native.calls().get("omrt_global_pool_f32", 0) == before + 2
+    axes = tuple(range(2, x.ndim))
+    np.testing.assert_allclose(mean, x.astype(np.float64).mean(axis=axes, keepdims=True), rtol=1e-6,
+                               atol=1e-6 * float(np.abs(x).max()))
+    np.testing.assert_array_equal(top, x.max(axis=axes, keepdims=True))
+
+
+def test_a_nan_wins_the_global_max_pool_in_c(native):
+    x = randn(1, 3, 5, 5)
+    x[0, 1, 4, 4] = np.nan
+    x[0, 2, 0, 0] = np.nan
+    top = run_kernel("GlobalMaxPool", [x], native=native)[0]
+    np.testing.assert_array_equal(np.isnan(top.reshape(-1)), [False, True, True])
+    assert top.reshape(-1)[0] == x[0, 0].max()

@@ -15,7 +15,7 @@ import numpy as np
 
 from ..errors import ShapeError
 from ..memory import align
-from ..native.bindings import POOL2D
+from ..native.bindings import GLOBAL_POOL, POOL2D
 from ..native.library import Checked
 from .base import Kernel, OpContext, TensorInfo, register, run_bound
 from . import parallel, window
@@ -355,7 +355,26 @@ class LpPool(_WindowPool):
 
 
 class _GlobalPool(Kernel):
-    """A pool over all spatial dims of X (N, C, *spatial): output (N, C, 1, ...)."""
+    """A pool over all spatial dims of X (N, C, *spatial): output (N, C, 1, ...); float32
+    averages and maxima in C (`GLOBAL_POOL`) when the model has the pool unit."""
+
+    native_units = ("pool",)
+    is_max: int | None = None
+    """1 for the maximum, 0 for the mean, None: numpy only."""
+
+    def __init__(self, ctx: OpContext, inputs: Sequence[TensorInfo | None],
+                 outputs: Sequence[TensorInfo]) -> None:
+        super().__init__(ctx, inputs, outputs)
+        native = self.is_max is not None and ctx.native is not None and outputs[0].dtype == np.float32
+        self.native_global = ctx.native.get(GLOBAL_POOL) if native else None
+
+    def bind(self, inputs, outputs, workspace):
+        x, y = inputs[0], outputs[0]
+        if self.native_global is None or x.size == 0 or not (x.flags.c_contiguous and y.flags.c_contiguous):
+            return None
+        planes = y.size
+        threads = parallel.native_threads(nbytes=x.nbytes, slots=planes)
+        return [self.native_global.bind(x, y, planes, x.size // planes, self.is_max, threads)]
 
     @classmethod
     def infer(cls, ctx: OpContext, inputs: Sequence[TensorInfo | None]) -> list[TensorInfo]:
@@ -369,23 +388,24 @@ class _GlobalPool(Kernel):
     def axes(x: np.ndarray) -> tuple[int, ...]:
         return tuple(range(2, x.ndim))
 
+    def run(self, inputs, outputs, workspace):
+        if not run_bound(self.bind(inputs, outputs, workspace)):
+            x = inputs[0]
+            (np.max if self.is_max else np.mean)(x, axis=self.axes(x), keepdims=True, out=outputs[0])
+
 
 @register("GlobalAveragePool", since=1)
 class GlobalAveragePool(_GlobalPool):
     """Mean over the spatial dims."""
 
-    def run(self, inputs, outputs, workspace):
-        x = inputs[0]
-        np.mean(x, axis=self.axes(x), keepdims=True, out=outputs[0])
+    is_max = 0
 
 
 @register("GlobalMaxPool", since=1)
 class GlobalMaxPool(_GlobalPool):
     """Max over the spatial dims."""
 
-    def run(self, inputs, outputs, workspace):
-        x = inputs[0]
-        np.max(x, axis=self.axes(x), keepdims=True, out=outputs[0])
+    is_max = 1
 
 
 @register("GlobalLpPool", since=1)

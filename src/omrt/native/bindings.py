@@ -113,6 +113,11 @@ POOL2D = Function(
 """Max or average pools of 2-d planes: in a few flat passes over a padded plane when `pitch` holds one
 (omrt.kernels.pool.pool_plane_floats), else row by row."""
 
+GLOBAL_POOL = Function("pool", "omrt_global_pool_f32",
+                       (Array("x", "planes * size"), Array("y", "planes", write=True), Int("planes", 1),
+                        Int("size", 1), Int("is_max"), Int("threads", 1)), requires=("is_max <= 1",))
+"""The mean or maximum of each plane (GlobalAveragePool, GlobalMaxPool)."""
+
 WINOGRAD = Function(
     "winograd", "omrt_winograd_f32",
     (Array("x", "N * C * H * W"), Array("U", "16 * F * C"), Array("bias", "F", optional=True),
@@ -183,6 +188,6 @@ LSTM = Function(
     derived=(("Gp", "-(-4 * hidden // LSTM_PANEL) * LSTM_PANEL"),),
     requires=("dirs <= 2", "layout <= 1", "reverse <= 1"))
 
-FUNCTIONS = (USE_BLAS, POOL_BUSY, RUN_CALLS, GEMM_TILE, DWCONV2D, IM2COL2D, CONV2D, PCONV2D, POOL2D, WINOGRAD,
+FUNCTIONS = (USE_BLAS, POOL_BUSY, RUN_CALLS, GEMM_TILE, DWCONV2D, IM2COL2D, CONV2D, PCONV2D, POOL2D, GLOBAL_POOL, WINOGRAD,
              MATMUL, PMATMUL, GELU, BINARY, COPY_BLOCKS, LSTM)
 """Every exported C function, the library's entry point first."""

@@ -185,3 +185,42 @@ OMRT_EXPORT void omrt_pool2d_f32(const float *x, float *y, const float *inv_coun
                   KW, SH, SW, DH, DW, PT, PL, is_max};
     omrt_parallel(pool_part, &j, j.parts, threads);
 }
+
+typedef struct {
+    const float *x;
+    float *y;
+    int64_t planes, size, parts, is_max;
+} global_job;
+
+/* The planes of one part: sums in eight double lanes (numpy's mean is no less exact), or the
+ * maximum, which a NaN wins as in numpy. */
+OMRT_HOT static void global_part(void *ctx, int64_t part, int64_t thread) {
+    (void)thread;
+    const global_job *j = ctx;
+    int64_t p0 = j->planes * part / j->parts, p1 = j->planes * (part + 1) / j->parts, n = j->size;
+    for (int64_t p = p0; p < p1; p++) {
+        const float *xp = j->x + p * n;
+        if (j->is_max) {
+            float m = xp[0];
+            for (int64_t i = 1; i < n; i++) m = (xp[i] > m || xp[i] != xp[i]) ? xp[i] : m;
+            j->y[p] = m;
+            continue;
+        }
+        double lanes[8] = {0};
+        int64_t i = 0;
+        for (; i + 8 <= n; i += 8)
+            for (int64_t l = 0; l < 8; l++) lanes[l] += xp[i + l];
+        double sum = 0;
+        for (; i < n; i++) sum += xp[i];
+        for (int64_t l = 0; l < 8; l++) sum += lanes[l];
+        j->y[p] = (float)(sum / (double)n);
+    }
+}
+
+/* y[p] = the mean (or maximum) of plane p's `size` floats, for the `planes` planes, split over
+ * `threads` threads: GlobalAveragePool and GlobalMaxPool. */
+OMRT_EXPORT void omrt_global_pool_f32(const float *x, float *y, int64_t planes, int64_t size, int64_t is_max,
+                                      int64_t threads) {
+    global_job j = {x, y, planes, size, threads < planes ? threads : planes, is_max};
+    omrt_parallel(global_part, &j, j.parts, threads);
+}
