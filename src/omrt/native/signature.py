@@ -14,7 +14,9 @@ A `Function` names each argument of its C prototype, in order, with its kind:
 the channels, a pitch long enough for a row); `derived` names intermediate values the other
 expressions use. Before each call, `Function.check` proves that every array has the dtype,
 layout and size the C code reads and writes, so native code never touches memory outside the
-arrays it is handed; a violation is a KernelError naming the function, argument and rule.
+arrays it is handed; a violation is a KernelError naming the function, argument and rule. A
+call checked once to be repeated on the same arrays (`library.Checked`) keeps them alive, and
+the executor checks it again whenever one of them is replaced.
 
 `prototype()` renders the C prototype; a test compares it with the sources, and the kernel ABI
 is a digest of the sources themselves, so a library built from other C code is never called.
@@ -113,6 +115,7 @@ def declaration(arg: Arg) -> str:
         element = C_TYPES[arg.dtype] if isinstance(arg, Array) else "float"
         return f"{'' if arg.write else 'const '}{element} *{arg.name}"
     return _SCALAR_DECLARATIONS[type(arg)] + arg.name
+
 
 THUNK_PREFIX = "omrt_thunk_"
 """The thunk of C function f is omrt_thunk_f (`Function.thunk`)."""
