@@ -102,6 +102,29 @@ def test_packed_conv_matches_reference(native, monkeypatch, n, c, f, h, w, k, st
     np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-4 * max(1.0, float(np.abs(want).max())))
 
 
+@pytest.mark.parametrize("c, k, stride, pads", [(60, 3, 1, [1, 1, 1, 1]), (100, 3, 2, [0, 1, 1, 0]),
+                                                (600, 1, 1, [0, 0, 0, 0])])
+@pytest.mark.parametrize("act", ["Clip", None])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_long_products_keep_bias_residual_and_activation(native, monkeypatch, c, k, stride, pads, act, threads):
+    """Products over more rows (C * KH * KW, 540 to 900) than the property test reaches, with the
+    columns copied one strip at a time and a partial strip at the end (99 positions)."""
+    x, weight, b = randn(1, c, 9, 11), randn(40, c, k, k) / np.float32(np.sqrt(c * k * k)), randn(40)
+    attrs = {"pads": pads, "strides": [stride, stride]}
+    conv = reference("Conv", [x, weight, b], attrs)[0]
+    r = randn(*conv.shape)
+    monkeypatch.setattr(parallel, "NATIVE_SPLIT_FLOPS", 0)
+    omrt.set_num_threads(threads)
+    try:
+        kernel = _kernel(x, weight, b, {**attrs, **ACTS[act]}, native, r)
+        assert kernel.native_packed is not None or packed.gemm_tile(native) == 0
+        y = _run(kernel, x, weight, b, r)
+    finally:
+        omrt.set_num_threads(1)
+    want = _activated(conv + r, act)
+    np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-4 * max(1.0, float(np.abs(want).max())))
+
+
 def _product(a: np.ndarray, b: np.ndarray, bias: np.ndarray | None, attrs: dict, native) -> packed.PackedMatMul:
     strips = packed.pack_strips(b)
     ctx = OpContext(attrs, 1, name="t", op_type="PackedMatMul", native=native)
