@@ -594,3 +594,17 @@ def test_a_nan_wins_the_global_max_pool_in_c(native):
     top = run_kernel("GlobalMaxPool", [x], native=native)[0]
     np.testing.assert_array_equal(np.isnan(top.reshape(-1)), [False, True, True])
     assert top.reshape(-1)[0] == x[0, 0].max()
+
+
+@pytest.mark.parametrize("op", ["AveragePool", "MaxPool"])
+def test_a_window_over_the_whole_plane_pools_it_as_a_global_pool(native, op):
+    """An unpadded window of the plane's size (Inception's last pool) takes the global pool's loop."""
+    x = randn(1, 6, 7, 5) + 2
+    before = native.calls().get("omrt_global_pool_f32", 0)
+    got = run_kernel(op, [x], {"kernel_shape": [7, 5]}, native=native, n_outputs=1)[0]
+    assert native.calls().get("omrt_global_pool_f32", 0) == before + 1
+    np.testing.assert_allclose(got, reference(op, [x], {"kernel_shape": [7, 5]})[0], rtol=1e-6, atol=1e-6)
+    padded = run_kernel(op, [x], {"kernel_shape": [7, 5], "pads": [1, 0, 0, 0]}, native=native, n_outputs=1)[0]
+    assert native.calls().get("omrt_global_pool_f32", 0) == before + 1  # padding: the window loop
+    np.testing.assert_allclose(padded, reference(op, [x], {"kernel_shape": [7, 5], "pads": [1, 0, 0, 0]})[0],
+                               rtol=1e-6, atol=1e-6)

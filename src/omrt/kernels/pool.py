@@ -138,6 +138,9 @@ class _WindowPool(Kernel):
         self.stage_bytes = max(self.stage_bytes, parallel.MAX_SLOTS * self.pitch_bytes)
         self.native_pool = ctx.native.get(POOL2D) if ctx.native is not None and native_2d else None
         self.window_args = (*w.size, *w.out, *w.kernel, *w.strides, *w.dilations, *w.begin)
+        whole = w.kernel == w.size and not any(w.begin) and not any(w.end) and set(w.dilations) == {1}
+        self.native_global = ctx.native.get(GLOBAL_POOL) if self.native_pool is not None and whole else None
+        """A window over each whole plane, unpadded, pools as GlobalAveragePool or GlobalMaxPool."""
 
     def workspace(self) -> int:
         return self.stage_bytes
@@ -198,6 +201,9 @@ class _WindowPool(Kernel):
         Each thread has scratch of its own in the workspace (`pool_band_floats`)."""
         if self.native_pool is None or not (x.flags.c_contiguous and y.flags.c_contiguous):
             return None
+        if self.native_global is not None:
+            threads = parallel.native_threads(nbytes=x.nbytes, slots=self.planes)
+            return [self.native_global.bind(x, y, self.planes, math.prod(self.win.size), int(is_max), threads)]
         threads = parallel.native_threads(nbytes=x.nbytes, slots=parallel.MAX_SLOTS)
         return [self.native_pool.bind(x, y, inv_count, workspace, self.pitch_bytes // 4, threads, self.planes,
                                       *self.window_args, int(is_max))]
