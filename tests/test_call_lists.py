@@ -129,6 +129,25 @@ def test_outputs_returned_fresh_each_run_are_taken_in_place(block_om, one_thread
     assert [t.table.tolist() for t in _batches(session)] == [t.tolist() for t in tables]
 
 
+def test_an_output_written_by_numpy_groups_nothing_again(tmp_path, one_thread):
+    """A kernel that binds nothing (Softmax) writing a fresh output each run is checked again
+    each run, and still binds nothing: the batches before it stay as they are."""
+    w = (RNG.standard_normal((8, 16, 1, 1)) / 4).astype(np.float32)
+    g = helper.make_graph([helper.make_node("Conv", ["x", "W"], ["c"]), helper.make_node("Softmax", ["c"], ["y"])],
+                          "head", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 40, 40])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 40, 40])],
+                          [numpy_helper.from_array(w, "W")])
+    path = str(tmp_path / "head.om")
+    omrt.compile(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
+    session = _session(path)
+    session.run({"x": _x()})
+    steps = session._executor._steps
+    assert len(_batches(session)) == 1
+    y = session.run({"x": _x(1)})["y"]
+    assert session._executor._steps is steps
+    _close(y, omrt.load(path).session().run({"x": _x(1)})["y"])
+
+
 def test_a_new_thread_count_binds_every_call_again(block_om, one_thread):
     session = _session(block_om)
     x = _x(5)

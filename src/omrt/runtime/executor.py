@@ -150,7 +150,10 @@ Instruction = Call | LateCall
 
 
 def _take(old: list[Checked] | None, new: list[Checked] | None) -> bool:
-    """Whether the calls `old` took the arguments of `new` in place (the same functions)."""
+    """Whether `old` stands for `new` as it is (both None: the call still runs through its
+    kernel) or after taking its arguments in place (calls of the same functions)."""
+    if old is None and new is None:
+        return True
     if old is None or new is None or len(old) != len(new) or any(o.bound is not n.bound for o, n in zip(old, new)):
         return False
     for o, n in zip(old, new):
