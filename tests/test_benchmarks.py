@@ -32,6 +32,17 @@ def test_compare_runs_on_squeezenet(tmp_path):
     assert doc["summary"]["1"]["all"]["models"] == 1
 
 
+def test_call_lists_benchmark_runs_the_three_ways(tmp_path):
+    out = tmp_path / "calls.json"
+    proc = subprocess.run([sys.executable, os.path.join(BENCH, "call_lists.py"), "--models", "squeezenet",
+                           "--threads", "1", "--runs", "2", "--warmup", "1", "--json", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    res = json.loads(out.read_text())["results"]["squeezenet"]["1"]
+    assert set(res["median_ms"]) == {"per node", "per call", "call lists"} and min(res["median_ms"].values()) > 0
+    assert res["max_relative_difference"] < 1e-4 and "call lists / per node" in proc.stdout
+
+
 def test_plans_benchmark_uses_the_stored_plans(tmp_path):
     out = tmp_path / "plans.json"
     proc = subprocess.run([sys.executable, os.path.join(BENCH, "plans.py"), "--reps", "1", "--json", str(out)],
