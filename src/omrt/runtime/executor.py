@@ -176,10 +176,11 @@ class Executor:
         self.instructions: list[Instruction] = [self._instruction(t, task)
                                                 for t, task in enumerate(prep.program.tasks)]
         self._holders = self._slot_holders()
-        self._stale = {t for t, step in enumerate(self.instructions) if isinstance(step, Call)}
+        self._stale: set[int] = set()
         """Calls to bind again before the next run: one of their arrays changed."""
         self._threads = 0
-        """The thread count the calls were bound for (each call's split depends on it)."""
+        """The thread count the calls were bound for (each call's split depends on it); 0 binds
+        every Call at the first run."""
         self._run_calls = prep.native.get(RUN_CALLS) if prep.native is not None else None
         self._steps: list[Instruction | Batch] | None = None
         """The instructions with each run of consecutive batchable Calls as one Batch."""
