@@ -16,7 +16,7 @@ import numpy as np
 from ..errors import ShapeError
 from ..memory import align
 from ..native.bindings import GLOBAL_POOL, POOL2D
-from ..native.library import Checked
+from ..native.library import Bound, Checked
 from .base import Kernel, OpContext, TensorInfo, register, run_bound
 from . import parallel, window
 from .window import Tap, Window, int_list, sliding_window, window_of
@@ -202,8 +202,7 @@ class _WindowPool(Kernel):
         if self.native_pool is None or not (x.flags.c_contiguous and y.flags.c_contiguous):
             return None
         if self.native_global is not None:
-            threads = parallel.native_threads(nbytes=x.nbytes, slots=self.planes)
-            return [self.native_global.bind(x, y, self.planes, math.prod(self.win.size), int(is_max), threads)]
+            return bind_global(self.native_global, x, y, is_max)
         threads = parallel.native_threads(nbytes=x.nbytes, slots=parallel.MAX_SLOTS)
         return [self.native_pool.bind(x, y, inv_count, workspace, self.pitch_bytes // 4, threads, self.planes,
                                       *self.window_args, int(is_max))]
@@ -360,6 +359,12 @@ class LpPool(_WindowPool):
         np.power(y, y.dtype.type(1 / p), out=y)
 
 
+def bind_global(fn: Bound, x: np.ndarray, y: np.ndarray, is_max: bool) -> list[Checked]:
+    """The call of GLOBAL_POOL `fn`: each of y's planes (one value each) the mean or maximum of
+    x's plane, x and y C-contiguous and not empty."""
+    return [fn.bind(x, y, y.size, x.size // y.size, int(is_max), parallel.native_threads(nbytes=x.nbytes))]
+
+
 class _GlobalPool(Kernel):
     """A pool over all spatial dims of X (N, C, *spatial): output (N, C, 1, ...); float32
     averages and maxima in C (`GLOBAL_POOL`) when the model has the pool unit."""
@@ -378,9 +383,7 @@ class _GlobalPool(Kernel):
         x, y = inputs[0], outputs[0]
         if self.native_global is None or x.size == 0 or not (x.flags.c_contiguous and y.flags.c_contiguous):
             return None
-        planes = y.size
-        threads = parallel.native_threads(nbytes=x.nbytes, slots=planes)
-        return [self.native_global.bind(x, y, planes, x.size // planes, self.is_max, threads)]
+        return bind_global(self.native_global, x, y, self.is_max)
 
     @classmethod
     def infer(cls, ctx: OpContext, inputs: Sequence[TensorInfo | None]) -> list[TensorInfo]:

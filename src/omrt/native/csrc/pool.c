@@ -197,8 +197,8 @@ typedef struct {
 OMRT_HOT static void global_part(void *ctx, int64_t part, int64_t thread) {
     (void)thread;
     const global_job *j = ctx;
-    int64_t p0 = j->planes * part / j->parts, p1 = j->planes * (part + 1) / j->parts, n = j->size;
-    for (int64_t p = p0; p < p1; p++) {
+    const int64_t n = j->size;
+    for (int64_t p = omrt_part(j->planes, j->parts, part); p < omrt_part(j->planes, j->parts, part + 1); p++) {
         const float *xp = j->x + p * n;
         if (j->is_max) {
             float m = xp[0];
