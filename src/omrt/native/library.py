@@ -109,14 +109,12 @@ class Checked:
         self.bound._cfunc(*self.args)
         self.bound.calls += 1
 
-    def take(self, other: Checked) -> bool:
-        """Become `other`, a call of the same function, in this vector's memory (call lists
-        holding its address stay valid); False, unchanged, when `other` calls another one."""
-        if other.bound is not self.bound:
-            return False
+    def take(self, other: Checked) -> None:
+        """Become `other`, a call of the same function, in this vector's memory: call lists
+        holding its address stay valid."""
+        assert other.bound is self.bound, "a Checked takes only a call of its own function"
         self.args, self.values = other.args, other.values
         self.vector[:] = other.vector
-        return True
 
 
 class Library:

@@ -21,6 +21,7 @@ only those slots.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -132,18 +133,20 @@ class Batch:
     table: np.ndarray
     """(thunk, argument vector) address pairs of the calls' checked native calls, in order."""
     runner: Checked
-    counted: list[Bound]
+    counts: list[tuple[Bound, int]]
+    """How many of the calls each function makes (its `calls` count grows by that each run)."""
 
     @classmethod
     def of(cls, calls: list[Call], run_calls: Bound) -> "Batch":
         checked = [c for call in calls for c in call.bound]
         table = np.array([(c.bound.thunk, address(c.vector)) for c in checked], np.int64).reshape(-1)
-        return cls(calls, table, run_calls.bind(table, len(checked)), [c.bound for c in checked])
+        counts = list(Counter(c.bound for c in checked).items())
+        return cls(calls, table, run_calls.bind(table, len(checked)), counts)
 
     def execute(self, values: dict[str, Any], executor: "Executor") -> None:
         self.runner()
-        for bound in self.counted:
-            bound.calls += 1
+        for bound, n in self.counts:
+            bound.calls += n
 
 
 Instruction = Call | LateCall
