@@ -15,12 +15,18 @@ pytest.importorskip("threadpoolctl")
 BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
 
 
+def bench(script: str, *args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    """benchmarks/`script` run with `args`, asserted to have exited 0."""
+    proc = subprocess.run([sys.executable, os.path.join(BENCH, script), *args], capture_output=True, text=True,
+                          timeout=timeout)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc
+
+
 def test_compare_runs_on_squeezenet(tmp_path):
     out = tmp_path / "compare.json"
-    proc = subprocess.run([sys.executable, os.path.join(BENCH, "compare.py"), "--models", "squeezenet",
-                           "--runs", "2", "--warmup", "1", "--threads", "1", "--json", str(out)],
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    proc = bench("compare.py", "--models", "squeezenet", "--runs", "2", "--warmup", "1", "--threads", "1",
+                 "--json", str(out), timeout=120)
     assert "squeezenet" in proc.stdout and "geometric mean" in proc.stdout
     doc = json.loads(out.read_text())
     (res,) = doc["results"]
@@ -34,10 +40,8 @@ def test_compare_runs_on_squeezenet(tmp_path):
 
 def test_call_lists_benchmark_runs_the_three_ways(tmp_path):
     out = tmp_path / "calls.json"
-    proc = subprocess.run([sys.executable, os.path.join(BENCH, "call_lists.py"), "--models", "squeezenet",
-                           "--threads", "1", "--runs", "2", "--warmup", "1", "--json", str(out)],
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    proc = bench("call_lists.py", "--models", "squeezenet", "--threads", "1", "--runs", "2", "--warmup", "1",
+                 "--json", str(out))
     res = json.loads(out.read_text())["results"]["squeezenet"]["1"]
     assert set(res["median_ms"]) == {"per node", "per call", "call lists"} and min(res["median_ms"].values()) > 0
     assert res["max_relative_difference"] < 1e-4 and "call lists / per node" in proc.stdout
@@ -45,9 +49,7 @@ def test_call_lists_benchmark_runs_the_three_ways(tmp_path):
 
 def test_plans_benchmark_uses_the_stored_plans(tmp_path):
     out = tmp_path / "plans.json"
-    proc = subprocess.run([sys.executable, os.path.join(BENCH, "plans.py"), "--reps", "1", "--json", str(out)],
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    bench("plans.py", "--reps", "1", "--json", str(out))
     for name, res in json.loads(out.read_text())["results"].items():
         assert res["stored_plans_used"] == {"runtime": 0, "stored": 3}, name
         assert res["median_ms"]["stored"] > 0 and res["median_ms"]["runtime"] > 0
@@ -57,9 +59,7 @@ def test_plans_benchmark_uses_the_stored_plans(tmp_path):
                                             ("serving.py", "frame")])
 def test_figure_benchmarks_measure_one_figure(tmp_path, script, figure):
     out = tmp_path / "figure.json"
-    proc = subprocess.run([sys.executable, os.path.join(BENCH, script), "--only", figure, "--json", str(out)],
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    proc = bench(script, "--only", figure, "--json", str(out))
     doc = json.loads(out.read_text())
     assert list(doc["figures"]) == [figure] and doc["failures"] == [] and doc["cpu"]
     assert f"== {figure}" in proc.stdout
@@ -71,9 +71,7 @@ def test_custom_ops_benchmark_matches_and_times(tmp_path):
     if compiler() is None:
         pytest.skip("the benchmark builds a C operator; no C compiler on this host")
     out = tmp_path / "custom.json"
-    proc = subprocess.run([sys.executable, os.path.join(BENCH, "custom_ops.py"), "--skip-venv", "--runs", "2",
-                           "--warmup", "1", "--json", str(out)], capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    bench("custom_ops.py", "--skip-venv", "--runs", "2", "--warmup", "1", "--json", str(out))
     lat = json.loads(out.read_text())["latency"]
     assert set(lat["median_ms"]) == {"omrt_c", "omrt_py", "ort"} and lat["ratio_vs_ort"]["ort"] == 1
     assert max(lat["error"].values()) < 1e-5 and lat["fast_gelu_ms"]["omrt_c"] > 0
@@ -81,9 +79,7 @@ def test_custom_ops_benchmark_matches_and_times(tmp_path):
 
 def test_autofuse_benchmark_runs_both_models(tmp_path):
     out = tmp_path / "autofuse.json"
-    proc = subprocess.run([sys.executable, os.path.join(BENCH, "autofuse.py"), "--tiny", "--runs", "2", "--warmup",
-                           "1", "--threads", "1,2", "--json", str(out)], capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    proc = bench("autofuse.py", "--tiny", "--runs", "2", "--warmup", "1", "--threads", "1,2", "--json", str(out))
     assert "intermediate tensors removed from the arena" in proc.stdout
     for name, res in json.loads(out.read_text())["results"].items():
         assert res["fused"]["chains"] > 0 and res["unfused"]["chains"] == 0, name
