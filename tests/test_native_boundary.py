@@ -77,8 +77,9 @@ def _calls() -> dict:
                            _f32(36 * 25),
                            _f32(2 * 36 * 32), 5, 0, 32, 2, 1, 4, 5, 5, 14, 5, 5, *window3, 1, 0.0, 0.0],
         bindings.GEMM_TILE: [np.zeros(1, np.int64)],
-        bindings.POOL2D: [_f32(4, 6, 6), _f32(4, 3, 3), None, _f32(6), 6, 1, 4, 6, 6, 3, 3, 2, 2, 2, 2, 1, 1, 0, 0,
-                          1],
+        # 16 planes at a time (4 of them), in bands of one output row: the most 240 floats hold
+        bindings.POOL2D: [_f32(4, 6, 6), _f32(4, 3, 3), None, _f32(240), 240, 1, 4, 6, 6, 3, 3, 2, 2, 2, 2, 1, 1,
+                          0, 0, 1, 1],
         bindings.WINOGRAD: [_f32(1, 16, 6, 6), _f32(16, 16, 16), _f32(16), _f32(1, 16, 6, 6), _f32(4672), 2304,
                             4672, 9, 0, 64, 1, 1, 16, 6, 6, 16, 6, 6, 1, 1, 0, 0.0, 0.0],
         bindings.MATMUL: [_f32(3, 4), _f32(4, 5), _f32(5), _f32(3, 5), 1, 3, 5, 4, 4, 5, 5, 0, 0, 0, 0, 0, 1,
@@ -99,10 +100,18 @@ def _calls() -> dict:
 
 CALLS = _calls()
 
+OTHER_PATHS = [
+    # plane by plane: with too little scratch for 16 planes at a time, or not asked to
+    (bindings.POOL2D, [_f32(4, 6, 6), _f32(4, 3, 3), None, _f32(6), 6, 1, 4, 6, 6, 3, 3, 2, 2, 2, 2, 1, 1, 0, 0,
+                       1, 1]),
+    (bindings.POOL2D, [_f32(4, 6, 6), _f32(4, 3, 3), None, _f32(480), 240, 2, 4, 6, 6, 3, 3, 2, 2, 2, 2, 1, 1, 0,
+                       0, 1, 0]),
+]
+"""Valid calls that take other paths through a function than its entry in CALLS."""
 
-@pytest.mark.parametrize("fn", list(CALLS), ids=lambda f: f.symbol)
-def test_a_valid_call_runs(native, fn):
-    values = CALLS[fn]
+
+@pytest.mark.parametrize("fn, values", [*CALLS.items(), *OTHER_PATHS], ids=lambda f: getattr(f, "symbol", ""))
+def test_a_valid_call_runs(native, fn, values):
     native.get(fn)(*values)
     written = next(v for a, v in zip(fn.args, values)
                    if getattr(a, "write", False) and not getattr(a, "scratch", False))
@@ -170,6 +179,7 @@ BROKEN_RULES = [
     (bindings.GELU, 4, 101, r"x must hold n = 101 floats"),
     (bindings.GELU, 5, 0, r"threads must be an integer >= 1"),
     (bindings.POOL2D, 17, -1, r"PT must be an integer >= 0"),
+    (bindings.POOL2D, 20, 2, r"requires lanes <= 1"),
     (bindings.BINARY, 3, 8, r"requires op <= 7"),
     (bindings.BINARY, 7, 2, r"requires b_cols == 1 or b_cols == inner"),
     (bindings.BINARY, 4, 5, r"a must hold rows \* inner = 120 floats"),
@@ -202,7 +212,7 @@ GUARDED = r'''
 import ctypes, mmap, sys
 import numpy as np
 sys.path.insert(0, {tests!r})
-from test_native_boundary import CALLS
+from test_native_boundary import CALLS, OTHER_PATHS
 from omrt.native.build import build
 from omrt.native.loader import load
 
@@ -226,7 +236,7 @@ def guarded(a):
 
 units = ["conv", "elementwise", "linalg", "pool", "recurrent", "winograd"]
 library = load([build(units, lambda msg: None)], trusted=True)
-for fn, values in CALLS.items():
+for fn, values in [*CALLS.items(), *OTHER_PATHS]:
     library.get(fn)(*[guarded(v) if isinstance(v, np.ndarray) else v for v in values])
     print(fn.symbol, "ok")
 '''
@@ -242,4 +252,4 @@ def test_valid_calls_stay_inside_their_arrays(native, tmp_path):
     script.write_text(GUARDED.format(tests=os.path.dirname(os.path.abspath(__file__))))
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.count(" ok") == len(CALLS)
+    assert done.stdout.count(" ok") == len(CALLS) + len(OTHER_PATHS)

@@ -71,12 +71,17 @@ def agree_domain(op_type: str, inputs: list, attrs: dict, native, domain: str) -
     return got
 
 
-def _uses_native(op_type: str, x: np.ndarray, w: np.ndarray | None, attrs: dict, native) -> bool:
-    """Whether the kernel built for these inputs takes its native path."""
+def _kernel(op_type: str, x: np.ndarray, w: np.ndarray | None, attrs: dict, native):
+    """The kernel built for these inputs."""
     ctx = OpContext(dict(attrs), 21, name="t", op_type=op_type, native=native)
     infos = [TensorInfo(a.dtype, a.shape) for a in ([x] if w is None else [x, w])]
     cls = lookup(op_type, 21)
-    kernel = cls(ctx, infos, cls.infer(ctx, infos))
+    return cls(ctx, infos, cls.infer(ctx, infos))
+
+
+def _uses_native(op_type: str, x: np.ndarray, w: np.ndarray | None, attrs: dict, native) -> bool:
+    """Whether the kernel built for these inputs takes its native path."""
+    kernel = _kernel(op_type, x, w, attrs, native)
     return (kernel.native_pool if op_type != "Conv" else kernel.native_depthwise) is not None
 
 
@@ -95,30 +100,41 @@ BANDS = [pool.BAND_FLOATS, 160, 64, 0]
 and too little for one (the row path)."""
 
 
+@pytest.fixture(params=[True, False], ids=["16 planes at a time", "plane by plane"])
+def lanes(request, monkeypatch):
+    """Narrow planes pooled 16 at a time on any CPU, or never."""
+    monkeypatch.setattr(pool, "LANES_TILE" if request.param else "NARROW_ROW", 0)
+    return request.param
+
+
 @pytest.mark.parametrize("threads", [1, 2], indirect=True)
 @pytest.mark.parametrize("band_floats", BANDS)
 @SETTINGS
-@given(windows(), st.booleans(), st.integers(1, 3), st.integers(1, 2))
-def test_max_pool_matches_reference(native, threads, band_floats, window, ceil_mode, planes, dilation):
+@given(windows(), st.booleans(), st.sampled_from([1, 3, 20]), st.integers(1, 2))
+def test_max_pool_matches_reference(native, threads, lanes, band_floats, window, ceil_mode, planes, dilation):
+    """20 planes make a full block of 16 and a partial one."""
     attrs, (h, w) = window
     attrs = {**attrs, "ceil_mode": int(ceil_mode), "dilations": [dilation, 1]}
     x = randn(1, planes, h + attrs["kernel_shape"][0] * (dilation - 1), w)
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(pool, "BAND_FLOATS", band_floats)
         assert _uses_native("MaxPool", x, None, attrs, native)
+        assert _kernel("MaxPool", x, None, attrs, native).lanes == lanes
         agree("MaxPool", [x], attrs, native)
 
 
 @pytest.mark.parametrize("threads", [1, 2], indirect=True)
 @pytest.mark.parametrize("band_floats", BANDS)
 @SETTINGS
-@given(windows(), st.booleans(), st.booleans())
-def test_average_pool_matches_reference(native, threads, band_floats, window, ceil_mode, include_pad):
+@given(windows(), st.booleans(), st.booleans(), st.sampled_from([3, 20]))
+def test_average_pool_matches_reference(native, threads, lanes, band_floats, window, ceil_mode, include_pad,
+                                        channels):
     attrs, (h, w) = window
     attrs = {**attrs, "ceil_mode": int(ceil_mode), "count_include_pad": int(include_pad)}
-    x = randn(2, 3, h, w)
+    x = randn(2, channels, h, w)
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(pool, "BAND_FLOATS", band_floats)
+        assert _kernel("AveragePool", x, None, attrs, native).lanes == lanes
         agree("AveragePool", [x], attrs, native)
 
 
@@ -136,7 +152,7 @@ def test_pools_match_reference(native):
 @pytest.mark.parametrize("band_floats", BANDS)
 @pytest.mark.parametrize("stride, nans", [(2, [(1, 1), (1, 2)]),
                                           (1, [(r, c) for r in (1, 2, 3) for c in (2, 3, 4)])])
-def test_max_pool_propagates_nan_like_numpy(native, band_floats, stride, nans, monkeypatch):
+def test_max_pool_propagates_nan_like_numpy(native, lanes, band_floats, stride, nans, monkeypatch):
     monkeypatch.setattr(pool, "BAND_FLOATS", band_floats)
     x = randn(1, 2, 6, 6)
     x[0, 0, 2, 3] = np.nan

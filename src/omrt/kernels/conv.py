@@ -21,11 +21,8 @@ from ..native.library import Checked
 from ..native.signature import CONSTANTS
 from . import parallel, window
 from .base import FUSED_ACTIVATIONS, Dim, Kernel, OpContext, TensorInfo, apply_activation, register, run_bound
-from .window import (_Chunk, _chunks, _plan_chunks, _row_chunks, sliding_window,
+from .window import (PLANE_LANES, _Chunk, _chunks, _plan_chunks, _row_chunks, sliding_window,
                      strided_columns, window_of)
-
-DEPTHWISE_LANES = 16
-"""Channels the native depthwise loop computes at once (csrc/conv.c, DW_LANES)."""
 
 DEPTHWISE_WIDE_PLANE = 16
 """Depthwise layers with at least this many output columns run plane by plane (csrc/conv.c,
@@ -189,7 +186,7 @@ class Conv(Kernel):
         def floats(rows: int) -> int:
             if ow >= DEPTHWISE_WIDE_PLANE:
                 return sh * sw * ((rows + (kh - 1) * dh // sh) * wq + (kw - 1) * dw // sw) + rows * wq
-            return DEPTHWISE_LANES * (kh * kw + ((rows - 1) * sh + (kh - 1) * dh + 1) * wide + rows * ow)
+            return PLANE_LANES * (kh * kw + ((rows - 1) * sh + (kh - 1) * dh + 1) * wide + rows * ow)
 
         band = next((r for r in range(oh, 0, -1) if 4 * floats(r) <= DEPTHWISE_BAND_BYTES), 1)
         return band, align(4 * floats(band))

@@ -18,14 +18,23 @@ from ..memory import align
 from ..native.bindings import GLOBAL_POOL, POOL2D
 from ..native.library import Bound, Checked
 from .base import Kernel, OpContext, TensorInfo, register, run_bound
+from .packed import gemm_tile
 from . import parallel, window
-from .window import Tap, Window, int_list, sliding_window, window_of
+from .window import PLANE_LANES, Tap, Window, int_list, sliding_window, window_of
 
 _ALL = (Ellipsis,)
 
 BAND_FLOATS = 4096
 """Scratch per thread (16 KiB, so that a band's copy stays in L1 beside the rows it reads) in
 which the native loop pools bands of output rows (`pool_band_floats`)."""
+
+NARROW_ROW = 16
+"""Output rows shorter than this pool 16 planes at a time, one vector lane each (csrc/pool.c,
+lanes_part), on CPUs whose GEMM tile level is at least LANES_TILE."""
+
+LANES_TILE = 2
+"""The tile level (packed.gemm_tile) from which narrow planes pool 16 at a time: AVX-512, whose
+transposes interleave them cheaply. Each plan holds the scratch for either path."""
 
 ROW_PATH_WIDTH = 96
 """Planes at least this wide pool row by row: their rows are long enough for the row loop's
@@ -47,13 +56,26 @@ def pool_plane_floats(win: Window, rows: int) -> int:
     return max(hp * wq * sw + (kw - 1) * dw, rows * sh * wq) + (hp + sh - 1) * wq
 
 
+def pool_lanes_floats(win: Window, rows: int) -> int:
+    """Floats of scratch the native loop needs to pool a band of `rows` output rows of 16 narrow
+    planes at once (csrc/pool.c, pool_lanes_floats): their input rows interleaved, and the results."""
+    ow, (kh, kw), (sh, sw), (dh, dw) = win.out[1], win.kernel, win.strides, win.dilations
+    wide = (ow - 1) * sw + (kw - 1) * dw + 1
+    return PLANE_LANES * (((rows - 1) * sh + (kh - 1) * dh + 1) * wide + rows * ow)
+
+
 def pool_band_floats(win: Window) -> int:
     """The scratch per thread of the native 2-d loop: the widest band of output rows that fits
     BAND_FLOATS (the C code finds the same band from it), else one input row (the row path, also
-    for planes ROW_PATH_WIDTH or wider)."""
+    for planes ROW_PATH_WIDTH or wider); for output rows shorter than NARROW_ROW, also room for
+    the widest band of 16 planes at once that fits BAND_FLOATS (at least one row)."""
     row = win.size[1]
     fits = [rows for rows in range(1, win.out[0] + 1) if pool_plane_floats(win, rows) <= BAND_FLOATS]
-    return max(pool_plane_floats(win, fits[-1]), row) if fits and row < ROW_PATH_WIDTH else row
+    floats = max(pool_plane_floats(win, fits[-1]), row) if fits and row < ROW_PATH_WIDTH else row
+    if win.out[1] < NARROW_ROW:
+        lanes = [rows for rows in range(2, win.out[0] + 1) if pool_lanes_floats(win, rows) <= BAND_FLOATS]
+        floats = max(floats, pool_lanes_floats(win, lanes[-1] if lanes else 1))
+    return floats
 
 
 def _kernel_shape(ctx: OpContext, x: TensorInfo) -> list[int]:
@@ -137,6 +159,9 @@ class _WindowPool(Kernel):
         """Scratch per thread of the native loop: planned whether or not the model has it."""
         self.stage_bytes = max(self.stage_bytes, parallel.MAX_SLOTS * self.pitch_bytes)
         self.native_pool = ctx.native.get(POOL2D) if ctx.native is not None and native_2d else None
+        self.lanes = int(self.native_pool is not None and w.out[1] < NARROW_ROW
+                         and gemm_tile(ctx.native) >= LANES_TILE)
+        """Whether the native loop pools 16 planes at a time (1) or plane by plane (0)."""
         self.window_args = (*w.size, *w.out, *w.kernel, *w.strides, *w.dilations, *w.begin)
         whole = w.kernel == w.size and not any(w.begin) and not any(w.end) and set(w.dilations) == {1}
         self.native_global = ctx.native.get(GLOBAL_POOL) if self.native_pool is not None and whole else None
@@ -205,7 +230,7 @@ class _WindowPool(Kernel):
             return bind_global(self.native_global, x, y, is_max)
         threads = parallel.native_threads(nbytes=x.nbytes, slots=parallel.MAX_SLOTS)
         return [self.native_pool.bind(x, y, inv_count, workspace, self.pitch_bytes // 4, threads, self.planes,
-                                      *self.window_args, int(is_max))]
+                                      *self.window_args, int(is_max), self.lanes)]
 
     def _tap_stage(self, ufunc: np.ufunc, stage: _Stage, src: np.ndarray, dst: np.ndarray,
                    lead: tuple) -> None:

@@ -19,6 +19,10 @@ from numpy.lib.stride_tricks import as_strided
 from ..errors import ShapeError
 from .base import Dim, OpContext
 
+PLANE_LANES = 16
+"""Planes the native loops of narrow planes (depthwise convolution, pools) compute at once, one
+vector lane each (csrc/omrt_lanes.h, OMRT_LANES)."""
+
 WORKSPACE_CAP = 1 << 20
 """Upper bound (bytes) of an im2col/col2im column buffer; bigger layers are processed in row chunks."""
 

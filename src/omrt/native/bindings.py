@@ -108,10 +108,11 @@ POOL2D = Function(
      Array("inv_count", "0 if is_max else OH * OW"),
      Array("scratch", "pitch * min(threads, planes)", write=True, scratch=True),
      Int("pitch"), Int("threads", 1), Int("planes"), Int("H"), Int("W"), Int("OH"), Int("OW"),
-     *_window(Int("is_max"))),
-    requires=("pitch >= W", _TAPS, "is_max <= 1"))
-"""Max or average pools of 2-d planes: in a few flat passes over a padded plane when `pitch` holds one
-(omrt.kernels.pool.pool_plane_floats), else row by row."""
+     *_window(Int("is_max"), Int("lanes"))),
+    requires=("pitch >= W", _TAPS, "is_max <= 1", "lanes <= 1"))
+"""Max or average pools of 2-d planes: with `lanes`, 16 planes at a time in bands of output rows
+when `pitch` holds one (omrt.kernels.pool.pool_lanes_floats); else in a few flat passes over a
+padded plane when `pitch` holds one (omrt.kernels.pool.pool_plane_floats), else row by row."""
 
 GLOBAL_POOL = Function("pool", "omrt_global_pool_f32",
                        (Array("x", "planes * size"), Array("y", "planes", write=True), Int("planes", 1),

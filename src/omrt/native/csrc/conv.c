@@ -1,6 +1,6 @@
 /* Convolution loops: depthwise 2-D convolution (every output channel reads one input channel),
  * and the im2col gather of the dense layers that BLAS then multiplies. */
-#include "omrt_gemm.h"
+#include "omrt_lanes.h"
 
 /* Layers of narrow planes (fewer than DW_WIDE_PLANE output columns) run 16 channels at a time,
  * one vector lane each: a band of output rows of 16 planes is copied, zero-padded, into scratch
@@ -9,8 +9,6 @@
  * band is copied back into the 16 output planes. Wider planes run plane by plane (below): their
  * rows are long enough for vectors, and interleaving would cost more than the taps. */
 #define DW_WIDE_PLANE 16
-#define DW_LANES 16
-typedef float dw_vec __attribute__((vector_size(DW_LANES * sizeof(float)), aligned(4)));
 
 typedef struct {
     const float *x, *w, *bias;
@@ -63,14 +61,14 @@ static OMRT_INLINE void dw_chunk(const float *phases, const int64_t *at, const f
             for (int64_t i = 0; i < n; i++) acc[i] += w[t] * phases[at[t] + i];
         return;
     }
-    dw_vec sum[DW_CHUNK / DW_LANES];
-    for (int k = 0; k < DW_CHUNK / DW_LANES; k++) sum[k] = (dw_vec){0} + b;
+    omrt_lanes_vec sum[DW_CHUNK / OMRT_LANES];
+    for (int k = 0; k < DW_CHUNK / OMRT_LANES; k++) sum[k] = (omrt_lanes_vec){0} + b;
     for (int64_t t = 0; t < taps; t++) {
         const float *src = phases + at[t];
         const float wv = w[t];
-        for (int k = 0; k < DW_CHUNK / DW_LANES; k++) sum[k] += wv * *(const dw_vec *)(src + k * DW_LANES);
+        for (int k = 0; k < DW_CHUNK / OMRT_LANES; k++) sum[k] += wv * *(const omrt_lanes_vec *)(src + k * OMRT_LANES);
     }
-    for (int k = 0; k < DW_CHUNK / DW_LANES; k++) *(dw_vec *)(acc + k * DW_LANES) = sum[k];
+    for (int k = 0; k < DW_CHUNK / OMRT_LANES; k++) *(omrt_lanes_vec *)(acc + k * OMRT_LANES) = sum[k];
 }
 
 /* Output rows [o0, o0 + rows) of plane q (input plane xp, filter wp, bias b) through its phases. */
@@ -114,117 +112,32 @@ static OMRT_HOT void plane_part(void *p, int64_t item, int64_t thread) {
     }
 }
 
-/* The padded input rows [i0, i0 + rows) of the block's planes (the first `lanes` of `planes`),
- * `wide` columns from -PL, lanes interleaved; lanes past the last channel and pixels outside the
- * image are zero. */
-static OMRT_INLINE void dw_gather(const dw_job *j, const float *const *planes, int64_t lanes, int64_t i0,
-                                  int64_t rows, int64_t wide, float *in) {
-    for (int64_t i = 0; i < rows * wide * DW_LANES; i++) in[i] = 0.0f;
-    const int64_t lo = j->PL > 0 ? j->PL : 0, hi = j->W + j->PL < wide ? j->W + j->PL : wide;
-    for (int64_t l = 0; l < lanes; l++)
-        for (int64_t r = 0; r < rows; r++) {
-            const int64_t ih = i0 + r;
-            if (ih < 0 || ih >= j->H) continue;
-            const float *row = planes[l] + ih * j->W;
-            for (int64_t col = lo; col < hi; col++) in[(r * wide + col) * DW_LANES + l] = row[col - j->PL];
-        }
-}
-
-#ifdef OMRT_X86
-/* out[k] = column k of the 16x16 matrix whose rows are r[0..15]. */
-OMRT_AVX512 static inline void dw_transpose16(const __m512 r[16], __m512 out[16]) {
-    __m512 t[16], u[16];
-    for (int i = 0; i < 16; i += 2) {
-        t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
-        t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
-    }
-    for (int g = 0; g < 16; g += 4)
-        for (int h = 0; h < 2; h++) {
-            __m512d a = _mm512_castps_pd(t[g + h]), b = _mm512_castps_pd(t[g + 2 + h]);
-            u[g + 2 * h] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, b));
-            u[g + 2 * h + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, b));
-        }
-    for (int e = 0; e < 4; e++) {
-        __m512 s0 = _mm512_shuffle_f32x4(u[e], u[4 + e], 0x44), s1 = _mm512_shuffle_f32x4(u[e], u[4 + e], 0xEE);
-        __m512 s2 = _mm512_shuffle_f32x4(u[8 + e], u[12 + e], 0x44);
-        __m512 s3 = _mm512_shuffle_f32x4(u[8 + e], u[12 + e], 0xEE);
-        out[e] = _mm512_shuffle_f32x4(s0, s2, 0x88);
-        out[4 + e] = _mm512_shuffle_f32x4(s0, s2, 0xDD);
-        out[8 + e] = _mm512_shuffle_f32x4(s1, s3, 0x88);
-        out[12 + e] = _mm512_shuffle_f32x4(s1, s3, 0xDD);
-    }
-}
-
-/* Lanes [lo, hi) of 16 set (none when hi <= lo). */
-static inline __mmask16 dw_lanes(int64_t lo, int64_t hi) {
-    lo = lo < 0 ? 0 : lo;
-    hi = hi > 16 ? 16 : hi;
-    return hi > lo ? (__mmask16)(((1u << hi) - 1) & ~((1u << lo) - 1)) : 0;
-}
-
-/* dw_gather, 16 columns of the 16 planes at a time through a transpose: each plane's row is read
- * with a masked load (the lanes outside it are padding, zero, and never read). */
-OMRT_AVX512 static void dw_gather_avx512(const dw_job *j, const float *const *planes, int64_t i0, int64_t rows,
-                                         int64_t wide, float *in) {
-    for (int64_t r = 0; r < rows; r++) {
-        const int64_t ih = i0 + r;
-        float *dst = in + r * wide * DW_LANES;
-        if (ih < 0 || ih >= j->H) {
-            for (int64_t i = 0; i < wide * DW_LANES; i++) dst[i] = 0.0f;
-            continue;
-        }
-        for (int64_t c = 0; c < wide; c += 16) {
-            const int64_t from = c - j->PL, cols = wide - c < 16 ? wide - c : 16;
-            const __mmask16 inside = dw_lanes(-from, j->W - from);
-            __m512 v[16], t[16];
-            for (int l = 0; l < DW_LANES; l++)
-                v[l] = planes[l] && inside ? _mm512_maskz_loadu_ps(inside, planes[l] + ih * j->W + from)
-                                           : _mm512_setzero_ps();
-            dw_transpose16(v, t);
-            for (int64_t k = 0; k < cols; k++) _mm512_storeu_ps(dst + (c + k) * DW_LANES, t[k]);
-        }
-    }
-}
-
-/* out (count pixels, 16 lanes interleaved) into the first `lanes` of the 16 output planes, 16
- * pixels at a time through a transpose. */
-OMRT_AVX512 static void dw_scatter_avx512(const float *out, int64_t count, float *const *planes, int64_t lanes) {
-    for (int64_t i = 0; i < count; i += 16) {
-        const int64_t n = count - i < 16 ? count - i : 16;
-        __m512 v[16], t[16];
-        for (int64_t k = 0; k < 16; k++) v[k] = k < n ? _mm512_loadu_ps(out + (i + k) * DW_LANES) : _mm512_setzero_ps();
-        dw_transpose16(v, t);
-        for (int64_t l = 0; l < lanes; l++) _mm512_mask_storeu_ps(planes[l] + i, dw_lanes(0, n), t[l]);
-    }
-}
-#endif
-
 /* DW_PIXELS output pixels of a row at a time, each its own chain of FMAs: one accumulator alone
  * would wait on its previous FMA at every tap. */
 #define DW_PIXELS 8
 
 /* Output pixels [0, n) of a row, the first reading `at`, into `out`, lanes interleaved. */
-static OMRT_INLINE void dw_pixels(const dw_job *j, const float *at, int64_t wide, const dw_vec *taps,
+static OMRT_INLINE void dw_pixels(const dw_job *j, const float *at, int64_t wide, const omrt_lanes_vec *taps,
                                   const float *bias, int64_t n, float *out) {
-    dw_vec acc[DW_PIXELS];
-    for (int64_t p = 0; p < n; p++) acc[p] = *(const dw_vec *)bias;
+    omrt_lanes_vec acc[DW_PIXELS];
+    for (int64_t p = 0; p < n; p++) acc[p] = *(const omrt_lanes_vec *)bias;
     for (int64_t kh = 0; kh < j->KH; kh++)
         for (int64_t kw = 0; kw < j->KW; kw++) {
-            const dw_vec t = taps[kh * j->KW + kw];
-            const float *src = at + (kh * j->DH * wide + kw * j->DW) * DW_LANES;
-            for (int64_t p = 0; p < n; p++) acc[p] += t * *(const dw_vec *)(src + p * j->SW * DW_LANES);
+            const omrt_lanes_vec t = taps[kh * j->KW + kw];
+            const float *src = at + (kh * j->DH * wide + kw * j->DW) * OMRT_LANES;
+            for (int64_t p = 0; p < n; p++) acc[p] += t * *(const omrt_lanes_vec *)(src + p * j->SW * OMRT_LANES);
         }
-    for (int64_t p = 0; p < n; p++) *(dw_vec *)(out + p * DW_LANES) = acc[p];
+    for (int64_t p = 0; p < n; p++) *(omrt_lanes_vec *)(out + p * OMRT_LANES) = acc[p];
 }
 
 /* Output rows [o0, o1) of the block from the gathered rows, lanes interleaved, bias included. */
 static OMRT_HOT void dw_compute(const dw_job *j, const float *in, int64_t wide, const float *tap,
                                 const float *bias, int64_t o0, int64_t o1, float *out) {
-    const dw_vec *taps = (const dw_vec *)tap;
+    const omrt_lanes_vec *taps = (const omrt_lanes_vec *)tap;
     for (int64_t oh = o0; oh < o1; oh++)
         for (int64_t ow = 0; ow < j->OW; ow += DW_PIXELS) {
-            const float *at = in + (((oh - o0) * j->SH) * wide + ow * j->SW) * DW_LANES;
-            float *dst = out + ((oh - o0) * j->OW + ow) * DW_LANES;
+            const float *at = in + (((oh - o0) * j->SH) * wide + ow * j->SW) * OMRT_LANES;
+            float *dst = out + ((oh - o0) * j->OW + ow) * OMRT_LANES;
             if (j->OW - ow >= DW_PIXELS)
                 dw_pixels(j, at, wide, taps, bias, DW_PIXELS, dst);
             else
@@ -236,38 +149,28 @@ static OMRT_HOT void dw_compute(const dw_job *j, const float *in, int64_t wide, 
 static OMRT_HOT void block_part(void *p, int64_t item, int64_t thread) {
     const dw_job *j = p;
     const int64_t band = item % j->bands, block = item / j->bands % j->blocks, n = item / j->bands / j->blocks;
-    const int64_t c0 = block * DW_LANES, lanes = j->M - c0 < DW_LANES ? j->M - c0 : DW_LANES;
+    const int64_t c0 = block * OMRT_LANES, lanes = j->M - c0 < OMRT_LANES ? j->M - c0 : OMRT_LANES;
     const int64_t o0 = band * j->band, o1 = o0 + j->band < j->OH ? o0 + j->band : j->OH;
     const int64_t rows = (o1 - o0 - 1) * j->SH + (j->KH - 1) * j->DH + 1;
     const int64_t wide = (j->OW - 1) * j->SW + (j->KW - 1) * j->DW + 1, taps = j->KH * j->KW;
-    float *tap = j->scratch + thread * j->pitch, *in = tap + taps * DW_LANES, *out = in + rows * wide * DW_LANES;
-    float bias[DW_LANES] = {0};
-    const float *src[DW_LANES] = {0};
-    float *dst[DW_LANES] = {0};
+    float *tap = j->scratch + thread * j->pitch, *in = tap + taps * OMRT_LANES, *out = in + rows * wide * OMRT_LANES;
+    float bias[OMRT_LANES] = {0};
+    const float *src[OMRT_LANES] = {0};
+    float *dst[OMRT_LANES] = {0};
     for (int64_t l = 0; l < lanes; l++) {
         src[l] = j->x + (n * (j->M / j->mult) + (c0 + l) / j->mult) * j->H * j->W;
         dst[l] = j->y + (n * j->M + c0 + l) * j->OH * j->OW + o0 * j->OW;
     }
-    for (int64_t l = 0; l < DW_LANES; l++) {
-        for (int64_t t = 0; t < taps; t++) tap[t * DW_LANES + l] = l < lanes ? j->w[(c0 + l) * taps + t] : 0.0f;
+    for (int64_t l = 0; l < OMRT_LANES; l++) {
+        for (int64_t t = 0; t < taps; t++) tap[t * OMRT_LANES + l] = l < lanes ? j->w[(c0 + l) * taps + t] : 0.0f;
         if (j->bias && l < lanes) bias[l] = j->bias[c0 + l];
     }
     const int64_t count = (o1 - o0) * j->OW;
-#ifdef OMRT_X86
-    if (omrt_gemm_level_once() == 2) { /* AVX-512: interleave by transposes */
-        dw_gather_avx512(j, src, o0 * j->SH - j->PT, rows, wide, in);
-        dw_compute(j, in, wide, tap, bias, o0, o1, out);
-        dw_scatter_avx512(out, count, dst, lanes);
-        for (int64_t l = 0; l < lanes; l++) omrt_activate(dst[l], count, j->act, j->alpha, j->beta);
-        return;
-    }
-#endif
-    dw_gather(j, src, lanes, o0 * j->SH - j->PT, rows, wide, in);
+    const omrt_lanes_source source = {j->H, j->W, j->PL, 0.0f};
+    omrt_lanes_gather(&source, src, lanes, o0 * j->SH - j->PT, rows, wide, in);
     dw_compute(j, in, wide, tap, bias, o0, o1, out);
-    for (int64_t l = 0; l < lanes; l++) {
-        for (int64_t i = 0; i < count; i++) dst[l][i] = out[i * DW_LANES + l];
-        omrt_activate(dst[l], count, j->act, j->alpha, j->beta);
-    }
+    omrt_lanes_scatter(out, count, dst, lanes);
+    for (int64_t l = 0; l < lanes; l++) omrt_activate(dst[l], count, j->act, j->alpha, j->beta);
 }
 
 /* y (N x M planes of OH x OW): plane (n, m) reads input plane (n, m / mult) of x (N x M/mult
@@ -280,7 +183,7 @@ OMRT_EXPORT void omrt_dwconv2d_f32(const float *x, const float *w, const float *
                                    int64_t H, int64_t W, int64_t OH, int64_t OW, int64_t KH, int64_t KW, int64_t SH,
                                    int64_t SW, int64_t DH, int64_t DW, int64_t PT, int64_t PL, int64_t act,
                                    float alpha, float beta) {
-    dw_job j = {x, w, bias, y, scratch, pitch, band, (OH + band - 1) / band, (M + DW_LANES - 1) / DW_LANES, 0, N, M,
+    dw_job j = {x, w, bias, y, scratch, pitch, band, (OH + band - 1) / band, (M + OMRT_LANES - 1) / OMRT_LANES, 0, N, M,
                 mult, H, W, OH, OW, KH, KW, SH, SW, DH, DW, PT, PL, act, alpha, beta};
     if (OW >= DW_WIDE_PLANE) {
         j.parts = threads < N * M ? threads : N * M;

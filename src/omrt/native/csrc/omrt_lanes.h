@@ -1,0 +1,138 @@
+/* Planes 16 at a time, one vector lane each: loops over narrow planes (depthwise convolution,
+ * pooling) copy a band of rows of 16 planes into scratch with the planes interleaved, so that
+ * each output pixel is one full vector per tap however short the planes' rows, then copy the
+ * results back into the 16 output planes. With AVX-512 both copies go 16 columns at a time
+ * through a 16 x 16 transpose; elsewhere element by element.
+ */
+#ifndef OMRT_LANES_H
+#define OMRT_LANES_H
+
+#include "omrt_gemm.h"
+
+#define OMRT_LANES 16
+typedef float omrt_lanes_vec __attribute__((vector_size(OMRT_LANES * sizeof(float)), aligned(4)));
+
+/* The planes a band is read from: H x W, placed PL columns into each interleaved row; every
+ * element outside them (padding, and lanes past the last plane) is `fill`. */
+typedef struct {
+    int64_t H, W, PL;
+    float fill;
+} omrt_lanes_source;
+
+/* Rows [i0, i0 + rows) of the first `lanes` of `planes`, `wide` columns from -PL, interleaved
+ * into `in` (rows x wide x OMRT_LANES floats). */
+static inline void omrt_lanes_gather_c(const omrt_lanes_source *s, const float *const *planes, int64_t lanes,
+                                       int64_t i0, int64_t rows, int64_t wide, float *in) {
+    for (int64_t i = 0; i < rows * wide * OMRT_LANES; i++) in[i] = s->fill;
+    const int64_t lo = s->PL > 0 ? s->PL : 0, hi = s->W + s->PL < wide ? s->W + s->PL : wide;
+    for (int64_t l = 0; l < lanes; l++)
+        for (int64_t r = 0; r < rows; r++) {
+            const int64_t ih = i0 + r;
+            if (ih < 0 || ih >= s->H) continue;
+            const float *row = planes[l] + ih * s->W;
+            for (int64_t col = lo; col < hi; col++) in[(r * wide + col) * OMRT_LANES + l] = row[col - s->PL];
+        }
+}
+
+/* out (count pixels, lanes interleaved) into the first `lanes` of `planes`. */
+static inline void omrt_lanes_scatter_c(const float *out, int64_t count, float *const *planes, int64_t lanes) {
+    for (int64_t l = 0; l < lanes; l++)
+        for (int64_t i = 0; i < count; i++) planes[l][i] = out[i * OMRT_LANES + l];
+}
+
+#ifdef OMRT_X86
+/* out[k] = column k of the 16x16 matrix whose rows are r[0..15]. */
+OMRT_AVX512 static inline void omrt_transpose16(const __m512 r[16], __m512 out[16]) {
+    __m512 t[16], u[16];
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int g = 0; g < 16; g += 4)
+        for (int h = 0; h < 2; h++) {
+            __m512d a = _mm512_castps_pd(t[g + h]), b = _mm512_castps_pd(t[g + 2 + h]);
+            u[g + 2 * h] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, b));
+            u[g + 2 * h + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, b));
+        }
+    for (int e = 0; e < 4; e++) {
+        __m512 s0 = _mm512_shuffle_f32x4(u[e], u[4 + e], 0x44), s1 = _mm512_shuffle_f32x4(u[e], u[4 + e], 0xEE);
+        __m512 s2 = _mm512_shuffle_f32x4(u[8 + e], u[12 + e], 0x44);
+        __m512 s3 = _mm512_shuffle_f32x4(u[8 + e], u[12 + e], 0xEE);
+        out[e] = _mm512_shuffle_f32x4(s0, s2, 0x88);
+        out[4 + e] = _mm512_shuffle_f32x4(s0, s2, 0xDD);
+        out[8 + e] = _mm512_shuffle_f32x4(s1, s3, 0x88);
+        out[12 + e] = _mm512_shuffle_f32x4(s1, s3, 0xDD);
+    }
+}
+
+/* Lanes [lo, hi) of 16 set (none when hi <= lo). */
+static inline __mmask16 omrt_lane_mask(int64_t lo, int64_t hi) {
+    lo = lo < 0 ? 0 : lo;
+    hi = hi > 16 ? 16 : hi;
+    return hi > lo ? (__mmask16)(((1u << hi) - 1) & ~((1u << lo) - 1)) : 0;
+}
+
+/* omrt_lanes_gather_c, 16 columns at a time: each plane's row is read with a masked load (the
+ * lanes outside it are `fill` and never read); `planes` past `lanes` are NULL. */
+OMRT_AVX512 static void omrt_lanes_gather_avx512(const omrt_lanes_source *s, const float *const *planes, int64_t i0,
+                                                 int64_t rows, int64_t wide, float *in) {
+    const __m512 fill = _mm512_set1_ps(s->fill);
+    for (int64_t r = 0; r < rows; r++) {
+        const int64_t ih = i0 + r;
+        float *dst = in + r * wide * OMRT_LANES;
+        if (ih < 0 || ih >= s->H) {
+            for (int64_t i = 0; i < wide; i++) _mm512_storeu_ps(dst + i * OMRT_LANES, fill);
+            continue;
+        }
+        for (int64_t c = 0; c < wide; c += 16) {
+            const int64_t from = c - s->PL, cols = wide - c < 16 ? wide - c : 16;
+            const __mmask16 inside = omrt_lane_mask(-from, s->W - from);
+            __m512 v[16], t[16];
+            for (int l = 0; l < OMRT_LANES; l++)
+                v[l] = planes[l] && inside ? _mm512_mask_loadu_ps(fill, inside, planes[l] + ih * s->W + from) : fill;
+            omrt_transpose16(v, t);
+            if (cols == 16) /* whole: unrolled stores, where the loop below would become a memcpy */
+                for (int k = 0; k < 16; k++) _mm512_storeu_ps(dst + (c + k) * OMRT_LANES, t[k]);
+            else
+                for (int64_t k = 0; k < cols; k++) _mm512_storeu_ps(dst + (c + k) * OMRT_LANES, t[k]);
+        }
+    }
+}
+
+/* omrt_lanes_scatter_c, 16 pixels at a time through a transpose. */
+OMRT_AVX512 static void omrt_lanes_scatter_avx512(const float *out, int64_t count, float *const *planes,
+                                                  int64_t lanes) {
+    for (int64_t i = 0; i < count; i += 16) {
+        const int64_t n = count - i < 16 ? count - i : 16;
+        __m512 v[16], t[16];
+        for (int64_t k = 0; k < 16; k++) v[k] = k < n ? _mm512_loadu_ps(out + (i + k) * OMRT_LANES) : _mm512_setzero_ps();
+        omrt_transpose16(v, t);
+        for (int64_t l = 0; l < lanes; l++) _mm512_mask_storeu_ps(planes[l] + i, omrt_lane_mask(0, n), t[l]);
+    }
+}
+#endif
+
+/* The band's rows, interleaved (see omrt_lanes_gather_c); `planes` past `lanes` are NULL. */
+static inline void omrt_lanes_gather(const omrt_lanes_source *s, const float *const *planes, int64_t lanes,
+                                     int64_t i0, int64_t rows, int64_t wide, float *in) {
+#ifdef OMRT_X86
+    if (omrt_gemm_level_once() == 2) {
+        omrt_lanes_gather_avx512(s, planes, i0, rows, wide, in);
+        return;
+    }
+#endif
+    omrt_lanes_gather_c(s, planes, lanes, i0, rows, wide, in);
+}
+
+/* The band's results back into their planes (see omrt_lanes_scatter_c). */
+static inline void omrt_lanes_scatter(const float *out, int64_t count, float *const *planes, int64_t lanes) {
+#ifdef OMRT_X86
+    if (omrt_gemm_level_once() == 2) {
+        omrt_lanes_scatter_avx512(out, count, planes, lanes);
+        return;
+    }
+#endif
+    omrt_lanes_scatter_c(out, count, planes, lanes);
+}
+
+#endif
