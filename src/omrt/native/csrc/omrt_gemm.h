@@ -266,6 +266,17 @@ static inline void omrt_pack_strips(const float *b, int64_t ldb, int64_t K, int6
     }
 }
 
+/* Ask for columns [p, p + w) of `rows` rows of x (pitch ld) to be brought into L2, one prefetch
+ * per cache line (for writing when `write`). */
+static OMRT_INLINE void omrt_prefetch_columns(const float *x, int64_t ld, int64_t rows, int64_t p, int64_t w,
+                                              int write) {
+    for (int64_t r = 0; r < rows; r++) {
+        const float *row = x + r * ld;
+        for (int64_t j = p; j < p + w; j += 16) write ? __builtin_prefetch(row + j, 1, 2) : __builtin_prefetch(row + j, 0, 2);
+        write ? __builtin_prefetch(row + p + w - 1, 1, 2) : __builtin_prefetch(row + p + w - 1, 0, 2);
+    }
+}
+
 /* c (rows [m0, m1) of the output, n columns, pitch ldc) = rows [m0, m1) of the packed weights
  * `panels` (K columns; m0 a multiple of OMRT_PANEL) times b (K x n, pitch ldb), bias (per row,
  * indexed from row 0), the residual (laid out as c) and activation applied. b is copied `block`
@@ -278,10 +289,19 @@ static inline void omrt_panel_gemm(const float *panels, int64_t K, int64_t m0, i
     for (int64_t p = 0; p < n; p += block) {
         const int64_t w = n - p < block ? n - p : block;
         omrt_pack_strips(b + p, ldb, K, w, kind.nr, scratch);
+        /* the next block's columns of b, c and the residual are many short runs of rows that no
+         * hardware prefetcher follows: each step of rows asks for its share of them */
+        const int64_t next = n - p - block < block ? n - p - block : block, steps = (m1 - m0 + kind.rows - 1) / kind.rows;
         for (int64_t m = m0; m < m1; m += kind.rows) {
             omrt_epilogue at = {e->bias ? e->bias + m : NULL, NULL, e->act, e->alpha, e->beta, NULL};
             const float *a = panels + m / OMRT_PANEL * K * OMRT_PANEL + m % OMRT_PANEL;
             const int64_t rows = m1 - m < kind.rows ? m1 - m : kind.rows;
+            if (next > 0) {
+                const int64_t step = (m - m0) / kind.rows, k0 = K * step / steps, k1 = K * (step + 1) / steps;
+                omrt_prefetch_columns(b + k0 * ldb, ldb, k1 - k0, p + block, next, 0);
+                omrt_prefetch_columns(c + (m - m0) * ldc, ldc, rows, p + block, next, 1);
+                if (e->residual) omrt_prefetch_columns(e->residual + (m - m0) * ldc, ldc, rows, p + block, next, 0);
+            }
             for (int64_t s = 0; s * kind.nr < w; s++) {
                 const int64_t cols = w - s * kind.nr < kind.nr ? w - s * kind.nr : kind.nr;
                 const int64_t at_c = (m - m0) * ldc + p + s * kind.nr;
