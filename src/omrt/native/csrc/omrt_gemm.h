@@ -272,8 +272,10 @@ static OMRT_INLINE void omrt_prefetch_columns(const float *x, int64_t ld, int64_
                                               int write) {
     for (int64_t r = 0; r < rows; r++) {
         const float *row = x + r * ld;
-        for (int64_t j = p; j < p + w; j += 16) write ? __builtin_prefetch(row + j, 1, 2) : __builtin_prefetch(row + j, 0, 2);
-        write ? __builtin_prefetch(row + p + w - 1, 1, 2) : __builtin_prefetch(row + p + w - 1, 0, 2);
+        for (int64_t j = p; j < p + w + 15; j += 16) { /* the last line: the run need not start one */
+            const float *at = row + (j < p + w ? j : p + w - 1);
+            write ? __builtin_prefetch(at, 1, 2) : __builtin_prefetch(at, 0, 2);
+        }
     }
 }
 
@@ -291,7 +293,8 @@ static inline void omrt_panel_gemm(const float *panels, int64_t K, int64_t m0, i
         omrt_pack_strips(b + p, ldb, K, w, kind.nr, scratch);
         /* the next block's columns of b, c and the residual are many short runs of rows that no
          * hardware prefetcher follows: each step of rows asks for its share of them */
-        const int64_t next = n - p - block < block ? n - p - block : block, steps = (m1 - m0 + kind.rows - 1) / kind.rows;
+        const int64_t next = n - p - block < block ? n - p - block : block;
+        const int64_t steps = (m1 - m0 + kind.rows - 1) / kind.rows;
         for (int64_t m = m0; m < m1; m += kind.rows) {
             omrt_epilogue at = {e->bias ? e->bias + m : NULL, NULL, e->act, e->alpha, e->beta, NULL};
             const float *a = panels + m / OMRT_PANEL * K * OMRT_PANEL + m % OMRT_PANEL;

@@ -105,7 +105,8 @@ OMRT_AVX512 static void omrt_lanes_scatter_avx512(const float *out, int64_t coun
     for (int64_t i = 0; i < count; i += 16) {
         const int64_t n = count - i < 16 ? count - i : 16;
         __m512 v[16], t[16];
-        for (int64_t k = 0; k < 16; k++) v[k] = k < n ? _mm512_loadu_ps(out + (i + k) * OMRT_LANES) : _mm512_setzero_ps();
+        for (int64_t k = 0; k < 16; k++)
+            v[k] = k < n ? _mm512_loadu_ps(out + (i + k) * OMRT_LANES) : _mm512_setzero_ps();
         omrt_transpose16(v, t);
         for (int64_t l = 0; l < lanes; l++) _mm512_mask_storeu_ps(planes[l] + i, omrt_lane_mask(0, n), t[l]);
     }
