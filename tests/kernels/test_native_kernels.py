@@ -253,7 +253,7 @@ def test_native_pointwise_conv_matches_reference(native, threads, shape, filters
 def _padded_winograd(filters: int, size: int, native):
     """A 16-channel 3x3 WinogradConv with pads 1 over a size x size input, and its X and W."""
     x, weight = randn(1, 16, size, size), randn(filters, 16, 3, 3)
-    u = winograd.filter_transform(weight)
+    u = winograd.packed_transform(weight)
     ctx = OpContext({"pads": [1, 1, 1, 1]}, 1, name="t", op_type="WinogradConv", native=native)
     infos = [TensorInfo(x.dtype, x.shape), TensorInfo(weight.dtype, weight.shape), None, TensorInfo(u.dtype, u.shape)]
     return winograd.WinogradConv(ctx, infos, winograd.WinogradConv.infer(ctx, infos)), x, weight
@@ -261,7 +261,7 @@ def _padded_winograd(filters: int, size: int, native):
 
 def _runs_as_conv(kernel, x: np.ndarray, weight: np.ndarray) -> None:
     y = np.empty(kernel.outputs[0].shape, np.float32)
-    kernel.run([x, weight, None, winograd.filter_transform(weight)], [y], np.zeros(kernel.workspace(), np.uint8))
+    kernel.run([x, weight, None, winograd.packed_transform(weight)], [y], np.zeros(kernel.workspace(), np.uint8))
     np.testing.assert_allclose(y, reference("Conv", [x, weight], {"pads": [1, 1, 1, 1]})[0], rtol=1e-4, atol=1e-4)
 
 
@@ -273,10 +273,27 @@ def test_winograd_in_a_plan_too_small_for_it_runs_as_a_conv(native):
     _runs_as_conv(kernel, x, weight)
 
 
-def test_winograd_without_blas_runs_as_a_conv(native_without_blas):
+def test_winograd_multiplies_on_omrts_tile_without_blas(native_without_blas):
     kernel, x, weight = _padded_winograd(16, 6, native_without_blas)
+    assert kernel.native_winograd is not None
+    _runs_as_conv(kernel, x, weight)
+
+
+def test_winograd_without_a_vector_tile_runs_as_a_conv(native, monkeypatch):
+    monkeypatch.setattr(winograd, "gemm_tile", lambda library: 0)
+    kernel, x, weight = _padded_winograd(16, 6, native)
     assert kernel.native_winograd is None
     _runs_as_conv(kernel, x, weight)
+
+
+def test_winograd_filters_are_packed_in_panels_per_element():
+    weight = randn(14, 5, 3, 3)
+    u, packed = winograd.filter_transform(weight), winograd.packed_transform(weight)
+    assert packed.shape == (16, 2, 5, 12) and packed.dtype == np.float32
+    for e in range(16):
+        for f in range(14):
+            np.testing.assert_array_equal(packed[e, f // 12, :, f % 12], u[e, f])
+    assert not packed[:, 1, :, 2:].any()  # filters 14 to 23 are padding
 
 
 def test_sigmoid_fused_depthwise_keeps_numpy_path(native):
@@ -294,10 +311,11 @@ def test_winograd_conv_matches_reference(native, monkeypatch, n, c, f, h, w, pad
     if h + pads[0] + pads[2] < 3 or w + pads[1] + pads[3] < 3:
         return
     if tiles_per_chunk:
-        monkeypatch.setattr(winograd, "SCRATCH_CAP", 16 * (c + min(f, 64)) * 4 * tiles_per_chunk)
+        monkeypatch.setattr(winograd, "SCRATCH_CAP",
+                            16 * (c + min(f, winograd.FILTERS_PER_PASS)) * 4 * tiles_per_chunk)
     x, weight = randn(n, c, h, w), randn(f, c, 3, 3)
     b = randn(f) if bias else None
-    u = winograd.filter_transform(weight)
+    u = winograd.packed_transform(weight)
     attrs = {"pads": pads}
     omrt.set_num_threads(threads)
     try:

@@ -577,7 +577,7 @@ def use_winograd(graph: Graph) -> Graph:
     packed, since the transforms are C loops."""
     for node, w in list(_convs(graph)):
         if winograd.eligible(node.attrs, graph.infos[node.inputs[0]], w):
-            _derive_weight(graph, node, "WinogradConv", "__winograd", winograd.filter_transform)
+            _derive_weight(graph, node, "WinogradConv", "__winograd", winograd.packed_transform)
     return graph
 
 

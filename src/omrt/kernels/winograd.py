@@ -3,10 +3,11 @@
 A layer's output is cut into 2x2 tiles, each computed from a 4x4 input tile: the input tiles are
 transformed (V = B^T d B), multiplied by the filters transformed ahead of time (U = G g G^T) as 16
 GEMMs over all channels, and transformed back (Y = A^T M A), bias and activation included. The
-whole layer is one C call (csrc/winograd.c) on the native workers, its GEMMs through numpy's
-BLAS. The compiler rewrites a Conv into this op only when it packs the native library, and the
-node keeps the Conv's own filters: without the library (not trusted, another host, no CBLAS
-sgemm under numpy) it runs as the Conv it was.
+whole layer is one C call (csrc/winograd.c) on the native workers, its GEMMs on omrt's own tile
+(the 16 transformed filter matrices packed in panels at compile time, as PackedConv's are). The
+compiler rewrites a Conv into this op only when it packs the native library, and the node keeps
+the Conv's own filters: without the library (not trusted, another host, a CPU without a vector
+tile) it runs as the Conv it was.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from ..native.bindings import WINOGRAD, activation_code
 from . import parallel
 from .base import OpContext, TensorInfo, register, run_bound
 from .conv import Conv
+from .packed import PANEL, STRIP, gemm_tile, pack_panels
 from .window import window_of
 
 G = np.array([[1.0, 0.0, 0.0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0.0, 0.0, 1.0]])
@@ -30,9 +32,9 @@ SCRATCH_CAP = 1 << 20
 """Bytes of transformed input and products a layer holds, shared by its threads: tiles go in
 chunks under it (so that the workspace, hence the arena, does not grow with the threads)."""
 
-FILTERS_PER_PASS = 64
-"""Filters multiplied and transformed back per pass over a chunk: keeps the products small, so
-that big layers still get many tiles per chunk."""
+FILTERS_PER_PASS = 5 * PANEL
+"""Filters multiplied and transformed back per pass over a chunk (whole panels): keeps the
+products small, so that big layers still get many tiles per chunk."""
 
 MAX_FILTER_BYTES_PER_POSITION = 16 << 10
 """Layers whose filters outweigh their output positions by more than this stay plain Convs: the
@@ -45,9 +47,15 @@ for the transforms."""
 
 
 def filter_transform(w: np.ndarray) -> np.ndarray:
-    """U (16, F, C) = G w G^T per filter and channel, computed in float64 (at compile time)."""
+    """U (16, F, C) = G w G^T per filter and channel, computed in float64."""
     u = np.einsum("ir,fcrs,ks->ikfc", G, w.astype(np.float64), G)
     return np.ascontiguousarray(u.reshape(16, *w.shape[:2]).astype(w.dtype))
+
+
+def packed_transform(w: np.ndarray) -> np.ndarray:
+    """filter_transform(w), each element's F x C matrix packed in panels for omrt's GEMM
+    (packed.pack_panels): (16, ceil(F / PANEL), C, PANEL), computed at compile time."""
+    return np.stack([pack_panels(u[:, :, None, None]) for u in filter_transform(w)])
 
 
 def eligible(attrs: dict[str, Any], x: TensorInfo, w: np.ndarray) -> bool:
@@ -64,7 +72,7 @@ def eligible(attrs: dict[str, Any], x: TensorInfo, w: np.ndarray) -> bool:
 
 @register("WinogradConv", since=1, domain="omrt")
 class WinogradConv(Conv):
-    """Conv(X, W, B) with U = filter_transform(W) as input 3, run by Winograd F(2x2, 3x3)."""
+    """Conv(X, W, B) with U = packed_transform(W) as input 3, run by Winograd F(2x2, 3x3)."""
 
     native_units = ("winograd",)
     derived = ((3, 1),)
@@ -86,7 +94,7 @@ class WinogradConv(Conv):
         self.native_winograd = None
         """Threads -> the layer in one native call with that split bound: call it with (x, U,
         bias, y, work)."""
-        if fn is not None and act is not None:
+        if fn is not None and act is not None and gemm_tile(ctx.native) > 0:
             geometry = (*inputs[0].shape, self.filters, oh, ow, *self.win.begin, *act)
             self.native_winograd = {t: fn.partial(v // 4, slot // 4, per_chunk, shared, FILTERS_PER_PASS, t,
                                                   *geometry)
@@ -106,11 +114,17 @@ class WinogradConv(Conv):
         n_images, channels = self.inputs[0].shape[:2]
         per_tile = 16 * (channels + min(self.filters, FILTERS_PER_PASS)) * 4
         if threads > 1 and n_images == 1 and self.tiles * per_tile <= SCRATCH_CAP:
-            return (align(16 * channels * self.tiles * 4),
-                    self._products(-(-self.filters // threads), self.tiles) + self.rows_bytes, self.tiles, 1)
+            per_thread = -(-self.filters // threads)
+            return (self._transformed(channels, self.tiles),
+                    self._products(-(-per_thread // PANEL) * PANEL, self.tiles) + self.rows_bytes, self.tiles, 1)
         per_chunk = max(1, min(self.tiles, SCRATCH_CAP // threads // per_tile))
-        v = align(16 * channels * per_chunk * 4)
+        v = self._transformed(channels, per_chunk)
         return v, v + self._products(self.filters, per_chunk) + self.rows_bytes, per_chunk, 0
+
+    @staticmethod
+    def _transformed(channels: int, tiles: int) -> int:
+        """Bytes of V over `tiles` tiles: 16 elements, each in strips of STRIP tiles (padded)."""
+        return align(16 * channels * -(-tiles // STRIP) * STRIP * 4)
 
     def bind(self, inputs, outputs, workspace):
         x, y = inputs[0], outputs[0]

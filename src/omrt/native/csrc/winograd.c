@@ -1,18 +1,26 @@
 /* Winograd F(2x2, 3x3) convolution transforms: a 3x3 stride-1 layer as 16 GEMMs over 4x4 tiles
  * (2.25x fewer multiplies than direct). The filters are transformed once, at compile time
- * (U = G g G^T); per run the input tiles are transformed (V = B^T d B), multiplied by U with
- * BLAS, and the products transformed back (Y = A^T M A), with Lavin and Gray's matrices
+ * (U = G g G^T), each of the 16 elements' F x C matrices packed in panels for omrt's own GEMM
+ * (omrt_gemm.h); per run the input tiles are transformed (V = B^T d B), multiplied by U, and the
+ * products transformed back (Y = A^T M A), with Lavin and Gray's matrices
  * B^T = [1 0 -1 0; 0 1 1 0; 0 -1 1 0; 0 1 0 -1] and A^T = [1 1 1 0; 0 1 -1 -1]. Tiles are numbered row-major over a
  * grid `tw` tiles wide; element e = i * 4 + k of a transformed tile is row i, column k. */
-#include "omrt_native.h"
+#include "omrt_gemm.h"
 
-/* V[e][c][t - t0] (element e `cn` floats after e - 1) for tiles t in [t0, t1) of every channel c
- * of x (C x H x W); tile (ty, tx) reads rows 2ty - PT .. +3 and columns 2tx - PL .. +3, zero
- * outside. `scratch` holds 8 * (2 * tw + 2) floats. */
+/* The floats of one element of V over n tiles: strips of OMRT_MAX_NR tiles, `ctot` channels each. */
+static inline int64_t element_floats(int64_t ctot, int64_t n) {
+    return ctot * ((n + OMRT_MAX_NR - 1) / OMRT_MAX_NR * OMRT_MAX_NR);
+}
+
+/* V for tiles t in [t0, t1) of every channel c of x (C x H x W), laid out for omrt's GEMM: element
+ * e is element_floats(ctot, n) floats after e - 1, a matrix of channels by tiles in strips of
+ * OMRT_MAX_NR tiles (strip s holds tiles 32 s.., `ctot` channels of 32 floats each; V points at
+ * channel 0 of these C), zero past the last tile. Tile (ty, tx) reads rows 2ty - PT .. +3 and
+ * columns 2tx - PL .. +3, zero outside. `scratch` holds 8 * (2 * tw + 2) floats. */
 static OMRT_HOT_AVX2 void transform_in(const float *restrict x, float *restrict V, float *restrict scratch,
-                                       int64_t C, int64_t H, int64_t W, int64_t PT, int64_t PL, int64_t tw,
-                                       int64_t t0, int64_t t1, int64_t cn) {
-    const int64_t wp = 2 * tw + 2, n = t1 - t0;
+                                       int64_t C, int64_t ctot, int64_t H, int64_t W, int64_t PT, int64_t PL,
+                                       int64_t tw, int64_t t0, int64_t t1) {
+    const int64_t wp = 2 * tw + 2, n = t1 - t0, es = element_floats(ctot, n), strip = ctot * OMRT_MAX_NR;
     float *restrict rows = scratch, *restrict cols = scratch + 4 * wp;
     for (int64_t c = 0; c < C; c++) {
         const float *xc = x + c * H * W;
@@ -39,20 +47,30 @@ static OMRT_HOT_AVX2 void transform_in(const float *restrict x, float *restrict 
                 u2[q] = r2[q] - r1[q];
                 u3[q] = r1[q] - r3[q];
             }
-            for (int64_t i = 0; i < 4; i++) {
-                const float *restrict ui = cols + i * wp;
-                float *restrict v = V + 4 * i * cn + c * n + (t - t0) - tx0;
+            for (int64_t tx = tx0; tx < tx1;) { /* a run of tiles inside one strip */
+                const int64_t q = t - t0 + tx - tx0, at = q % OMRT_MAX_NR;
+                const int64_t run = tx1 - tx < OMRT_MAX_NR - at ? tx1 - tx : OMRT_MAX_NR - at;
+                float *restrict base = V + q / OMRT_MAX_NR * strip + c * OMRT_MAX_NR + at - tx;
+                for (int64_t i = 0; i < 4; i++) {
+                    const float *restrict ui = cols + i * wp;
+                    float *restrict v = base + 4 * i * es;
 #pragma GCC ivdep
-                for (int64_t tx = tx0; tx < tx1; tx++) {
-                    const float *d = ui + 2 * tx;
-                    v[tx] = d[0] - d[2];
-                    v[tx + cn] = d[1] + d[2];
-                    v[tx + 2 * cn] = d[2] - d[1];
-                    v[tx + 3 * cn] = d[1] - d[3];
+                    for (int64_t k = tx; k < tx + run; k++) {
+                        const float *d = ui + 2 * k;
+                        v[k] = d[0] - d[2];
+                        v[k + es] = d[1] + d[2];
+                        v[k + 2 * es] = d[2] - d[1];
+                        v[k + 3 * es] = d[1] - d[3];
+                    }
                 }
+                tx += run;
             }
             t += tx1 - tx0;
         }
+        if (n % OMRT_MAX_NR) /* the last strip's columns past the last tile */
+            for (int64_t e = 0; e < 16; e++)
+                memset(V + e * es + n / OMRT_MAX_NR * strip + c * OMRT_MAX_NR + n % OMRT_MAX_NR, 0,
+                       (size_t)(OMRT_MAX_NR - n % OMRT_MAX_NR) * sizeof(float));
     }
 }
 
@@ -103,15 +121,22 @@ typedef struct {
     int64_t tw, tiles, rows, chunks, cblocks, fblocks;
 } wg_job;
 
-/* The products of filters [f0, f1) with V (tiles [t0, t1), element stride C * n), `fpass`
- * filters at a time, transformed back into y. */
+/* The products of filters [f0, f1) (f0 on a panel boundary) with V (tiles [t0, t1), laid out by
+ * transform_in), `fpass` filters (whole panels) at a time, transformed back into y. Each strip of
+ * V is multiplied by every panel of the pass while it is in L1. */
 static void multiply(const wg_job *j, const float *V, float *M, float *rows, float *y, int64_t f0, int64_t f1,
                      int64_t t0, int64_t t1) {
-    const int64_t n = t1 - t0;
+    const int64_t n = t1 - t0, es = element_floats(j->C, n), C = j->C;
+    const int64_t panels = (j->F + OMRT_PANEL - 1) / OMRT_PANEL;
+    const omrt_epilogue none = {NULL, NULL, 0, 0.0f, 0.0f, NULL};
     for (int64_t a = f0; a < f1; a += j->fpass) {
         const int64_t fp = f1 - a < j->fpass ? f1 - a : j->fpass;
-        for (int64_t e = 0; e < 16; e++)
-            omrt_sgemm(fp, n, j->C, j->U + (e * j->F + a) * j->C, j->C, V + e * j->C * n, n, M + e * fp * n, n);
+        for (int64_t e = 0; e < 16; e++) {
+            const float *Ue = j->U + (e * panels + a / OMRT_PANEL) * C * OMRT_PANEL;
+            for (int64_t s = 0; s * OMRT_MAX_NR < n; s++)
+                for (int64_t r0 = 0; r0 < fp; r0 += OMRT_PANEL)
+                    omrt_strip_tile(Ue + r0 * C, V + e * es, s, C, fp, n, r0, M + e * fp * n, n, &none);
+        }
         transform_out(M, j->bias ? j->bias + a : NULL, y + a * j->OH * j->OW, rows, fp, j->OH, j->OW, j->tw, t0, t1,
                       j->act, j->alpha, j->beta);
     }
@@ -123,8 +148,7 @@ static void chunk_part(void *p, int64_t item, int64_t thread) {
     const int64_t image = item / j->chunks, k = item % j->chunks;
     const int64_t t0 = omrt_part(j->tiles, j->chunks, k), t1 = omrt_part(j->tiles, j->chunks, k + 1);
     float *V = j->work + thread * j->slot_floats, *M = V + j->v_floats, *rows = V + j->slot_floats - j->rows;
-    transform_in(j->x + image * j->C * j->H * j->W, V, rows, j->C, j->H, j->W, j->PT, j->PL, j->tw, t0, t1,
-                 j->C * (t1 - t0));
+    transform_in(j->x + image * j->C * j->H * j->W, V, rows, j->C, j->C, j->H, j->W, j->PT, j->PL, j->tw, t0, t1);
     multiply(j, V, M, rows, j->y + image * j->F * j->OH * j->OW, 0, j->F, t0, t1);
 }
 
@@ -133,20 +157,26 @@ static void channels_part(void *p, int64_t item, int64_t thread) {
     const wg_job *j = p;
     const int64_t c0 = omrt_part(j->C, j->cblocks, item), c1 = omrt_part(j->C, j->cblocks, item + 1);
     float *rows = j->work + j->v_floats + (thread + 1) * j->slot_floats - j->rows;
-    transform_in(j->x + c0 * j->H * j->W, j->work + c0 * j->tiles, rows, c1 - c0, j->H, j->W, j->PT, j->PL, j->tw, 0,
-                 j->tiles, j->C * j->tiles);
+    transform_in(j->x + c0 * j->H * j->W, j->work + c0 * OMRT_MAX_NR, rows, c1 - c0, j->C, j->H, j->W, j->PT, j->PL,
+                 j->tw, 0, j->tiles);
+}
+
+/* Start of filter block `item` of the shared phase 2: on a panel boundary. */
+static int64_t filter_cut(const wg_job *j, int64_t item) {
+    const int64_t f = (omrt_part(j->F, j->fblocks, item) + OMRT_PANEL - 1) / OMRT_PANEL * OMRT_PANEL;
+    return f < j->F ? f : j->F;
 }
 
 /* Shared phase 2, part `item`: a block of filters multiplied and transformed back. */
 static void filters_part(void *p, int64_t item, int64_t thread) {
     const wg_job *j = p;
     float *M = j->work + j->v_floats + thread * j->slot_floats, *rows = M + j->slot_floats - j->rows;
-    multiply(j, j->work, M, rows, j->y, omrt_part(j->F, j->fblocks, item), omrt_part(j->F, j->fblocks, item + 1), 0,
-             j->tiles);
+    multiply(j, j->work, M, rows, j->y, filter_cut(j, item), filter_cut(j, item + 1), 0, j->tiles);
 }
 
 /* y (N, F, OH, OW) = the 3x3 stride-1 convolution of x (N, C, H, W), pads PT/PL, whose filters
- * transformed are U (16, F, C), plus bias and activation, on `threads` threads.
+ * transformed are U (16 elements, each F x C in panels: 16, ceil(F / 12), C, 12), plus bias and
+ * activation, on `threads` threads.
  * shared == 0: tiles go in chunks of at most `chunk_tiles` (at least one per thread), each in a
  * thread's own slot of `slot_floats` floats in `work` (V: v_floats, then the products, then
  * rows). shared == 1 (one image, all tiles at once): the threads transform blocks of channels
@@ -158,9 +188,10 @@ OMRT_EXPORT void omrt_winograd_f32(const float *x, const float *U, const float *
                                    int64_t F, int64_t OH, int64_t OW, int64_t PT, int64_t PL, int64_t act, float alpha,
                                    float beta) {
     const int64_t tw = (OW + 1) / 2;
-    wg_job j = {.x = x, .U = U, .bias = bias, .y = y, .work = work, .v_floats = v_floats, .slot_floats = slot_floats,
-                .fpass = fpass, .C = C, .H = H, .W = W, .F = F, .OH = OH, .OW = OW, .PT = PT, .PL = PL, .act = act,
-                .alpha = alpha, .beta = beta, .tw = tw, .tiles = tw * ((OH + 1) / 2),
+    wg_job j = {.x = x, .U = U, .bias = bias, .y = y, .work = work, .v_floats = v_floats,
+                .slot_floats = slot_floats, .fpass = fpass, .C = C, .H = H, .W = W, .F = F,
+                .OH = OH, .OW = OW, .PT = PT, .PL = PL, .act = act, .alpha = alpha, .beta = beta, .tw = tw,
+                .tiles = tw * ((OH + 1) / 2),
                 .rows = ((8 * (2 * tw + 2) > 4 * tw ? 8 * (2 * tw + 2) : 4 * tw) + 15) & ~(int64_t)15};
     if (shared) {
         j.cblocks = threads < C ? threads : C;
