@@ -106,23 +106,33 @@ OMRT_AVX512 static inline __m512 omrt_act16(__m512 v, const omrt_epilogue *e) {
     }
 }
 
-/* The AVX-512 tile: 12 rows x 32 columns, accumulators in 24 registers. */
-OMRT_AVX512 static inline void omrt_tile_avx512(int64_t K, const float *a, const float *b, int64_t bks, float *c,
-                                                int64_t ldc, int64_t rows, int64_t cols, const omrt_epilogue *e) {
-    __m512 acc[OMRT_PANEL][2];
+/* The AVX-512 tile's sums over K steps in acc, `halves` (1 or 2) vectors of 16 columns per row. */
+OMRT_AVX512 static OMRT_INLINE void omrt_sums_avx512(int64_t K, const float *a, const float *b, int64_t bks,
+                                                     __m512 acc[OMRT_PANEL][2], int halves) {
 #pragma GCC unroll 12
     for (int r = 0; r < OMRT_PANEL; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
     for (int64_t k = 0; k < K; k++) {
-        __m512 b0 = _mm512_loadu_ps(b + bks * k), b1 = _mm512_loadu_ps(b + bks * k + 16);
+        __m512 b0 = _mm512_loadu_ps(b + bks * k), b1 = halves > 1 ? _mm512_loadu_ps(b + bks * k + 16) : b0;
         const float *ak = a + k * OMRT_PANEL;
         omrt_prefetch_ahead(a, b, bks, k, K);
 #pragma GCC unroll 12
         for (int r = 0; r < OMRT_PANEL; r++) {
             __m512 av = _mm512_set1_ps(ak[r]);
             acc[r][0] = _mm512_fmadd_ps(av, b0, acc[r][0]);
-            acc[r][1] = _mm512_fmadd_ps(av, b1, acc[r][1]);
+            if (halves > 1) acc[r][1] = _mm512_fmadd_ps(av, b1, acc[r][1]);
         }
     }
+}
+
+/* The AVX-512 tile: 12 rows x 32 columns, accumulators in 24 registers; a strip of at most 16
+ * columns (a product's last, 14x14 and 13x13 layers' 4 and 9) multiplies only its first half. */
+OMRT_AVX512 static inline void omrt_tile_avx512(int64_t K, const float *a, const float *b, int64_t bks, float *c,
+                                                int64_t ldc, int64_t rows, int64_t cols, const omrt_epilogue *e) {
+    __m512 acc[OMRT_PANEL][2];
+    if (cols <= 16)
+        omrt_sums_avx512(K, a, b, bks, acc, 1);
+    else
+        omrt_sums_avx512(K, a, b, bks, acc, 2);
     __mmask16 m0 = cols >= 16 ? 0xFFFF : (__mmask16)((1u << cols) - 1);
     __mmask16 m1 = cols >= 32 ? 0xFFFF : cols <= 16 ? 0 : (__mmask16)((1u << (cols - 16)) - 1);
     __m512 col0 = _mm512_setzero_ps(), col1 = _mm512_setzero_ps();
