@@ -34,7 +34,8 @@ lanes_part), on CPUs whose GEMM tile level is at least LANES_TILE."""
 
 LANES_TILE = 2
 """The tile level (packed.gemm_tile) from which narrow planes pool 16 at a time: AVX-512, whose
-transposes interleave them cheaply. Each plan holds the scratch for either path."""
+transposes interleave them cheaply (the C loop has the path for AVX-512 alone, and takes the
+plane loops elsewhere whatever it is asked). Each plan holds the scratch for either path."""
 
 ROW_PATH_WIDTH = 96
 """Planes at least this wide pool row by row: their rows are long enough for the row loop's

@@ -136,10 +136,14 @@ static inline int64_t pool_lanes_floats(const pool_job *j, int64_t rows) {
     return OMRT_LANES * (in_rows * wide + rows * j->OW);
 }
 
+#ifdef OMRT_X86
+/* The 16-planes path is built for AVX-512 alone: the only CPUs it pays on (the caller asks for it
+ * there), and GCC's generic lowering of its 16-float vectors for older ones took ten times the
+ * rest of this file to compile. */
 typedef int32_t pool_mask_vec __attribute__((vector_size(OMRT_LANES * sizeof(int32_t))));
 
 /* One tap of 16 lanes: the sum, or the max, which a NaN wins only when `nan` (the band holds one). */
-static OMRT_INLINE omrt_lanes_vec lanes_step(omrt_lanes_vec acc, omrt_lanes_vec v, int is_max, int nan) {
+OMRT_AVX512 static OMRT_INLINE omrt_lanes_vec lanes_step(omrt_lanes_vec acc, omrt_lanes_vec v, int is_max, int nan) {
     if (!is_max) return acc + v;
     pool_mask_vec take = v > acc;
     if (nan) take |= v != v;
@@ -148,8 +152,8 @@ static OMRT_INLINE omrt_lanes_vec lanes_step(omrt_lanes_vec acc, omrt_lanes_vec 
 
 /* Output pixels [0, n) of a row, the first reading `at` (interleaved rows `wide` apart), into
  * `out`, averages scaled by their `inv` divisors. */
-static OMRT_INLINE void lanes_pixels(const pool_job *j, const float *at, int64_t wide, const float *inv, int64_t n,
-                                     float *out, int is_max, int nan) {
+OMRT_AVX512 static OMRT_INLINE void lanes_pixels(const pool_job *j, const float *at, int64_t wide, const float *inv,
+                                                 int64_t n, float *out, int is_max, int nan) {
     omrt_lanes_vec acc[POOL_PIXELS];
     for (int64_t p = 0; p < n; p++) acc[p] = *(const omrt_lanes_vec *)(at + p * j->SW * OMRT_LANES);
     for (int64_t kh = 0; kh < j->KH; kh++)
@@ -162,8 +166,8 @@ static OMRT_INLINE void lanes_pixels(const pool_job *j, const float *at, int64_t
 }
 
 /* Output rows [o0, o1) of 16 planes from their interleaved input rows `in`, into `out`. */
-static OMRT_INLINE void lanes_rows(const pool_job *j, const float *in, int64_t wide, int64_t o0, int64_t o1,
-                                   float *out, int is_max, int nan) {
+OMRT_AVX512 static OMRT_INLINE void lanes_rows(const pool_job *j, const float *in, int64_t wide, int64_t o0,
+                                               int64_t o1, float *out, int is_max, int nan) {
     for (int64_t oh = o0; oh < o1; oh++)
         for (int64_t ow = 0; ow < j->OW; ow += POOL_PIXELS) {
             const float *at = in + ((oh - o0) * j->SH * wide + ow * j->SW) * OMRT_LANES;
@@ -177,7 +181,7 @@ static OMRT_INLINE void lanes_rows(const pool_job *j, const float *in, int64_t w
 }
 
 /* Item (block of 16 planes, band of output rows) of the lanes path, on the thread's scratch. */
-static OMRT_HOT void lanes_part(void *p, int64_t item, int64_t thread) {
+OMRT_AVX512 static void lanes_part(void *p, int64_t item, int64_t thread) {
     const pool_job *j = p;
     const int64_t bands = (j->OH + j->band - 1) / j->band, p0 = item / bands * OMRT_LANES;
     const int64_t lanes = j->planes - p0 < OMRT_LANES ? j->planes - p0 : OMRT_LANES;
@@ -192,7 +196,7 @@ static OMRT_HOT void lanes_part(void *p, int64_t item, int64_t thread) {
         dst[l] = j->y + (p0 + l) * j->OH * j->OW + o0 * j->OW;
     }
     const omrt_lanes_source source = {j->H, j->W, j->PL, j->is_max ? -INFINITY : 0.0f};
-    omrt_lanes_gather(&source, src, lanes, o0 * j->SH - j->PT, rows, wide, in);
+    omrt_lanes_gather_avx512(&source, src, o0 * j->SH - j->PT, rows, wide, in);
     int nan = 0;
     if (j->is_max)
         for (int64_t i = 0; i < rows * wide * OMRT_LANES; i++) nan |= in[i] != in[i];
@@ -202,7 +206,7 @@ static OMRT_HOT void lanes_part(void *p, int64_t item, int64_t thread) {
         lanes_rows(j, in, wide, o0, o1, out, 1, 1);
     else
         lanes_rows(j, in, wide, o0, o1, out, 1, 0);
-    omrt_lanes_scatter(out, (o1 - o0) * j->OW, dst, lanes);
+    omrt_lanes_scatter_avx512(out, (o1 - o0) * j->OW, dst, lanes);
 }
 
 static OMRT_HOT void pool_part(void *p, int64_t item, int64_t thread) {
@@ -253,14 +257,15 @@ static OMRT_HOT void pool_part(void *p, int64_t item, int64_t thread) {
         }
     }
 }
+#endif
 
-/* y[p] = pool of x[p] for each of the `planes` planes, split over `threads` threads. With `lanes`,
- * planes go 16 at a time in bands of output rows (lanes_part), the widest whose pool_lanes_floats
- * `pitch` holds. Otherwise, or where `pitch` does not hold one row of those, planes pool in bands
- * of output rows, each in a few flat passes over a padded copy (pool_plane), the widest band
- * whose pool_plane_floats `pitch` holds; where not even one row fits (pitch is at least W), one
- * output row at a time: the rows its windows read are first reduced into scratch (W floats), then
- * the columns.
+/* y[p] = pool of x[p] for each of the `planes` planes, split over `threads` threads. With `lanes`
+ * (on a CPU with AVX-512; elsewhere it is ignored), planes go 16 at a time in bands of output rows
+ * (lanes_part), the widest whose pool_lanes_floats `pitch` holds. Otherwise, or where `pitch`
+ * does not hold one row of those, planes pool in bands of output rows, each in a few flat passes
+ * over a padded copy (pool_plane), the widest band whose pool_plane_floats `pitch` holds; where
+ * not even one row fits (pitch is at least W), one output row at a time: the rows its windows
+ * read are first reduced into scratch (W floats), then the columns.
  * Each thread's scratch is `pitch` floats after the previous one's. `inv_count` (OH*OW) holds
  * 1 / the divisor of each window for average pooling (ignored for max). Reads outside the input
  * are padding: -inf for max, nothing for average (the divisor says whether pads count). */
@@ -270,12 +275,16 @@ OMRT_EXPORT void omrt_pool2d_f32(const float *x, float *y, const float *inv_coun
                                  int64_t PL, int64_t is_max, int64_t lanes) {
     pool_job j = {x, inv_count, y, scratch, planes, threads < planes ? threads : planes, pitch, H, W, OH, OW, KH,
                   KW, SH, SW, DH, DW, PT, PL, is_max, 0};
-    if (lanes)
+#ifdef OMRT_X86
+    if (lanes && omrt_gemm_level_once() == 2)
         for (j.band = OH; j.band > 0 && pool_lanes_floats(&j, j.band) > pitch;) j.band--;
     if (j.band > 0) {
         omrt_parallel(lanes_part, &j, (planes + OMRT_LANES - 1) / OMRT_LANES * ((OH + j.band - 1) / j.band), j.parts);
         return;
     }
+#else
+    (void)lanes;
+#endif
     omrt_parallel(pool_part, &j, j.parts, threads);
 }
 
