@@ -249,8 +249,8 @@ static inline int omrt_gemm_level_once(void) {
 
 /* The tile for this CPU. */
 static inline omrt_gemm_kind omrt_gemm_pick(void) {
-    const int level = omrt_gemm_level_once();
 #ifdef OMRT_X86
+    const int level = omrt_gemm_level_once();
     if (level == 2) return (omrt_gemm_kind){omrt_tile_avx512, OMRT_PANEL, 32};
     if (level == 1) return (omrt_gemm_kind){omrt_tile_avx2, 6, 16};
 #endif

@@ -209,6 +209,8 @@ OMRT_AVX512 static void lanes_part(void *p, int64_t item, int64_t thread) {
     omrt_lanes_scatter_avx512(out, (o1 - o0) * j->OW, dst, lanes);
 }
 
+#endif
+
 static OMRT_HOT void pool_part(void *p, int64_t item, int64_t thread) {
     const pool_job *j = p;
     const int64_t H = j->H, W = j->W, OH = j->OH, OW = j->OW, KH = j->KH, KW = j->KW, SH = j->SH, SW = j->SW,
@@ -257,7 +259,6 @@ static OMRT_HOT void pool_part(void *p, int64_t item, int64_t thread) {
         }
     }
 }
-#endif
 
 /* y[p] = pool of x[p] for each of the `planes` planes, split over `threads` threads. With `lanes`
  * (on a CPU with AVX-512; elsewhere it is ignored), planes go 16 at a time in bands of output rows
