@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from kernel_check import check, randn, reference, run_kernel
 import omrt
-from omrt.kernels import OpContext, TensorInfo, elementwise, lookup, winograd
+from omrt.kernels import OpContext, TensorInfo, elementwise, lookup, packed, winograd
 from omrt.kernels import conv as conv_module
 from omrt.kernels import parallel, pool
 from omrt.kernels import window as window_module
@@ -265,7 +265,17 @@ def _runs_as_conv(kernel, x: np.ndarray, weight: np.ndarray) -> None:
     np.testing.assert_allclose(y, reference("Conv", [x, weight], {"pads": [1, 1, 1, 1]})[0], rtol=1e-4, atol=1e-4)
 
 
-def test_winograd_in_a_plan_too_small_for_it_runs_as_a_conv(native):
+@pytest.fixture
+def vector_tile(native):
+    """The library, on a CPU with a vector tile for omrt's GEMM (not OMRT_GEMM_TILE=c), which
+    Winograd's products need."""
+    if packed.gemm_tile(native) == 0:
+        pytest.skip("no vector tile on this CPU (or OMRT_GEMM_TILE=c): Winograd layers run as Convs")
+    return native
+
+
+def test_winograd_in_a_plan_too_small_for_it_runs_as_a_conv(vector_tile):
+    native = vector_tile
     kernel, x, weight = _padded_winograd(64, 8, native)
     assert kernel.native_winograd is not None and kernel.workspace() > kernel.conv_workspace_bytes
     assert not kernel.fit_workspace(kernel.conv_workspace_bytes - 1)
@@ -274,6 +284,8 @@ def test_winograd_in_a_plan_too_small_for_it_runs_as_a_conv(native):
 
 
 def test_winograd_multiplies_on_omrts_tile_without_blas(native_without_blas):
+    if packed.gemm_tile(native_without_blas) == 0:
+        pytest.skip("no vector tile on this CPU (or OMRT_GEMM_TILE=c): Winograd layers run as Convs")
     kernel, x, weight = _padded_winograd(16, 6, native_without_blas)
     assert kernel.native_winograd is not None
     _runs_as_conv(kernel, x, weight)
@@ -306,8 +318,9 @@ def test_sigmoid_fused_depthwise_keeps_numpy_path(native):
 @given(st.integers(1, 2), st.integers(16, 20), st.integers(16, 80), st.integers(1, 11), st.integers(1, 11),
        st.lists(st.integers(0, 2), min_size=4, max_size=4), st.sampled_from(sorted(ACTS, key=str)),
        st.booleans(), st.integers(1, 2), st.sampled_from([None, 3]))
-def test_winograd_conv_matches_reference(native, monkeypatch, n, c, f, h, w, pads, act, bias, threads,
+def test_winograd_conv_matches_reference(vector_tile, monkeypatch, n, c, f, h, w, pads, act, bias, threads,
                                          tiles_per_chunk):
+    native = vector_tile
     if h + pads[0] + pads[2] < 3 or w + pads[1] + pads[3] < 3:
         return
     if tiles_per_chunk:

@@ -279,7 +279,7 @@ def test_a_weight_budget_holds_only_the_form_of_each_weight_that_is_read(packed_
     held = set(plan.resident) | {f.key for f in plan.fills}
     forms = {"w1": "w1__panels", "w2": "w2__panels", "w3": "w3__winograd", "w4": "w4__strips"}
     vector_tile = trust and packed.gemm_tile(model.native) > 0  # else BLAS multiplies (OMRT_GEMM_TILE=c)
-    read = {k: v if (vector_tile or (trust and k == "w3")) else k for k, v in forms.items()}
+    read = {k: v if vector_tile else k for k, v in forms.items()}
     assert held & (set(forms) | set(forms.values())) == set(read.values())
     x = randn(1, 16, 12, 12)
     want = omrt.load(packed_om).session().run({"x": x})["y"]
