@@ -102,8 +102,10 @@ and too little for one (the row path)."""
 
 @pytest.fixture(params=[True, False], ids=["16 planes at a time", "plane by plane"])
 def lanes(request, monkeypatch):
-    """Narrow planes pooled 16 at a time on any CPU, or never."""
-    monkeypatch.setattr(pool, "LANES_TILE" if request.param else "NARROW_ROW", 0)
+    """Narrow planes (all of these tests') asked to pool 16 at a time (taken on AVX-512 CPUs), or
+    plane by plane."""
+    if not request.param:
+        monkeypatch.setattr(pool, "NARROW_ROW", 0)
     return request.param
 
 
@@ -265,12 +267,17 @@ def _runs_as_conv(kernel, x: np.ndarray, weight: np.ndarray) -> None:
     np.testing.assert_allclose(y, reference("Conv", [x, weight], {"pads": [1, 1, 1, 1]})[0], rtol=1e-4, atol=1e-4)
 
 
-@pytest.fixture
-def vector_tile(native):
-    """The library, on a CPU with a vector tile for omrt's GEMM (not OMRT_GEMM_TILE=c), which
+def _needs_vector_tile(native) -> None:
+    """Skip unless the CPU has a vector tile for omrt's GEMM (not OMRT_GEMM_TILE=c), which
     Winograd's products need."""
     if packed.gemm_tile(native) == 0:
         pytest.skip("no vector tile on this CPU (or OMRT_GEMM_TILE=c): Winograd layers run as Convs")
+
+
+@pytest.fixture
+def vector_tile(native):
+    """The library, on a CPU with a vector tile for omrt's GEMM."""
+    _needs_vector_tile(native)
     return native
 
 
@@ -284,8 +291,7 @@ def test_winograd_in_a_plan_too_small_for_it_runs_as_a_conv(vector_tile):
 
 
 def test_winograd_multiplies_on_omrts_tile_without_blas(native_without_blas):
-    if packed.gemm_tile(native_without_blas) == 0:
-        pytest.skip("no vector tile on this CPU (or OMRT_GEMM_TILE=c): Winograd layers run as Convs")
+    _needs_vector_tile(native_without_blas)
     kernel, x, weight = _padded_winograd(16, 6, native_without_blas)
     assert kernel.native_winograd is not None
     _runs_as_conv(kernel, x, weight)

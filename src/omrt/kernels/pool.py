@@ -18,7 +18,6 @@ from ..memory import align
 from ..native.bindings import GLOBAL_POOL, POOL2D
 from ..native.library import Bound, Checked
 from .base import Kernel, OpContext, TensorInfo, register, run_bound
-from .packed import gemm_tile
 from . import parallel, window
 from .window import PLANE_LANES, Tap, Window, int_list, sliding_window, window_of
 
@@ -30,12 +29,9 @@ which the native loop pools bands of output rows (`pool_band_floats`)."""
 
 NARROW_ROW = 16
 """Output rows shorter than this pool 16 planes at a time, one vector lane each (csrc/pool.c,
-lanes_part), on CPUs whose GEMM tile level is at least LANES_TILE."""
-
-LANES_TILE = 2
-"""The tile level (packed.gemm_tile) from which narrow planes pool 16 at a time: AVX-512, whose
-transposes interleave them cheaply (the C loop has the path for AVX-512 alone, and takes the
-plane loops elsewhere whatever it is asked). Each plan holds the scratch for either path."""
+lanes_part), where the CPU has AVX-512: the C loop has that path for AVX-512 alone, whose
+transposes interleave the planes cheaply, and takes the plane loops elsewhere. Each plan holds
+the scratch for either path."""
 
 ROW_PATH_WIDTH = 96
 """Planes at least this wide pool row by row: their rows are long enough for the row loop's
@@ -75,7 +71,7 @@ def pool_band_floats(win: Window) -> int:
     floats = max(pool_plane_floats(win, fits[-1]), row) if fits and row < ROW_PATH_WIDTH else row
     if win.out[1] < NARROW_ROW:
         lanes = [rows for rows in range(2, win.out[0] + 1) if pool_lanes_floats(win, rows) <= BAND_FLOATS]
-        floats = max(floats, pool_lanes_floats(win, lanes[-1] if lanes else 1))
+        floats = max(floats, pool_lanes_floats(win, max(lanes, default=1)))
     return floats
 
 
@@ -160,9 +156,8 @@ class _WindowPool(Kernel):
         """Scratch per thread of the native loop: planned whether or not the model has it."""
         self.stage_bytes = max(self.stage_bytes, parallel.MAX_SLOTS * self.pitch_bytes)
         self.native_pool = ctx.native.get(POOL2D) if ctx.native is not None and native_2d else None
-        self.lanes = int(self.native_pool is not None and w.out[1] < NARROW_ROW
-                         and gemm_tile(ctx.native) >= LANES_TILE)
-        """Whether the native loop pools 16 planes at a time (1) or plane by plane (0)."""
+        self.lanes = int(self.native_pool is not None and w.out[1] < NARROW_ROW)
+        """Whether the native loop is asked to pool 16 planes at a time (1) or plane by plane (0)."""
         self.window_args = (*w.size, *w.out, *w.kernel, *w.strides, *w.dilations, *w.begin)
         whole = w.kernel == w.size and not any(w.begin) and not any(w.end) and set(w.dilations) == {1}
         self.native_global = ctx.native.get(GLOBAL_POOL) if self.native_pool is not None and whole else None

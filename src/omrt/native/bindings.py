@@ -110,8 +110,8 @@ POOL2D = Function(
      Int("pitch"), Int("threads", 1), Int("planes"), Int("H"), Int("W"), Int("OH"), Int("OW"),
      *_window(Int("is_max"), Int("lanes"))),
     requires=("pitch >= W", _TAPS, "is_max <= 1", "lanes <= 1"))
-"""Max or average pools of 2-d planes: with `lanes`, 16 planes at a time in bands of output rows
-when `pitch` holds one (omrt.kernels.pool.pool_lanes_floats); else in a few flat passes over a
+"""Max or average pools of 2-d planes: with `lanes` on an AVX-512 CPU, 16 planes at a time in
+bands of output rows when `pitch` holds one (omrt.kernels.pool.pool_lanes_floats); else in a few flat passes over a
 padded plane when `pitch` holds one (omrt.kernels.pool.pool_plane_floats), else row by row."""
 
 GLOBAL_POOL = Function("pool", "omrt_global_pool_f32",
