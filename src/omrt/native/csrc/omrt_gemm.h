@@ -106,9 +106,10 @@ OMRT_AVX512 static inline __m512 omrt_act16(__m512 v, const omrt_epilogue *e) {
     }
 }
 
-/* The AVX-512 tile's sums over K steps in acc, `halves` (1 or 2) vectors of 16 columns per row. */
+/* The AVX-512 tile's sums over K steps in acc: the first `prows` (4, 8 or 12) rows of the panel,
+ * `halves` (1 or 2) vectors of 16 columns per row. Rows past prows stay zero. */
 OMRT_AVX512 static OMRT_INLINE void omrt_sums_avx512(int64_t K, const float *a, const float *b, int64_t bks,
-                                                     __m512 acc[OMRT_PANEL][2], int halves) {
+                                                     __m512 acc[OMRT_PANEL][2], int halves, int prows) {
 #pragma GCC unroll 12
     for (int r = 0; r < OMRT_PANEL; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
     for (int64_t k = 0; k < K; k++) {
@@ -117,6 +118,7 @@ OMRT_AVX512 static OMRT_INLINE void omrt_sums_avx512(int64_t K, const float *a, 
         omrt_prefetch_ahead(a, b, bks, k, K);
 #pragma GCC unroll 12
         for (int r = 0; r < OMRT_PANEL; r++) {
+            if (r >= prows) break;
             __m512 av = _mm512_set1_ps(ak[r]);
             acc[r][0] = _mm512_fmadd_ps(av, b0, acc[r][0]);
             if (halves > 1) acc[r][1] = _mm512_fmadd_ps(av, b1, acc[r][1]);
@@ -124,15 +126,26 @@ OMRT_AVX512 static OMRT_INLINE void omrt_sums_avx512(int64_t K, const float *a, 
     }
 }
 
-/* The AVX-512 tile: 12 rows x 32 columns, accumulators in 24 registers; a strip of at most 16
- * columns (a product's last, 14x14 and 13x13 layers' 4 and 9) multiplies only its first half. */
+/* omrt_sums_avx512 for `rows` rows of the panel and `cols` columns, with the row and column counts
+ * made constants: a product's last panel often holds only 4 or 8 rows (M = 16, 64, 128, 256), and
+ * its last strip only 16 columns or fewer (14x14 and 13x13 layers: 4 and 9). */
+OMRT_AVX512 static OMRT_INLINE void omrt_sums_fit_avx512(int64_t K, const float *a, const float *b, int64_t bks,
+                                                         __m512 acc[OMRT_PANEL][2], int64_t rows, int64_t cols) {
+    const int halves = cols <= 16 ? 1 : 2;
+    if (rows <= 4)
+        halves == 1 ? omrt_sums_avx512(K, a, b, bks, acc, 1, 4) : omrt_sums_avx512(K, a, b, bks, acc, 2, 4);
+    else if (rows <= 8)
+        halves == 1 ? omrt_sums_avx512(K, a, b, bks, acc, 1, 8) : omrt_sums_avx512(K, a, b, bks, acc, 2, 8);
+    else
+        halves == 1 ? omrt_sums_avx512(K, a, b, bks, acc, 1, 12) : omrt_sums_avx512(K, a, b, bks, acc, 2, 12);
+}
+
+/* The AVX-512 tile: 12 rows x 32 columns, accumulators in 24 registers, fewer for a partial panel
+ * or strip. */
 OMRT_AVX512 static inline void omrt_tile_avx512(int64_t K, const float *a, const float *b, int64_t bks, float *c,
                                                 int64_t ldc, int64_t rows, int64_t cols, const omrt_epilogue *e) {
     __m512 acc[OMRT_PANEL][2];
-    if (cols <= 16)
-        omrt_sums_avx512(K, a, b, bks, acc, 1);
-    else
-        omrt_sums_avx512(K, a, b, bks, acc, 2);
+    omrt_sums_fit_avx512(K, a, b, bks, acc, rows, cols);
     __mmask16 m0 = cols >= 16 ? 0xFFFF : (__mmask16)((1u << cols) - 1);
     __mmask16 m1 = cols >= 32 ? 0xFFFF : cols <= 16 ? 0 : (__mmask16)((1u << (cols - 16)) - 1);
     __m512 col0 = _mm512_setzero_ps(), col1 = _mm512_setzero_ps();
