@@ -107,6 +107,10 @@ OTHER_PATHS = [
                        1, 1]),
     (bindings.POOL2D, [_f32(4, 6, 6), _f32(4, 3, 3), None, _f32(480), 240, 2, 4, 6, 6, 3, 3, 2, 2, 2, 2, 1, 1, 0,
                        0, 1, 0]),
+    # a 1x1 layer of 64 positions: the tile reads both strips of 32 columns in place, the last one
+    # ending at x's last float
+    (bindings.PCONV2D, [_f32(1, 4, 8, 8), _f32(1, 4, 12), _f32(5), _f32(1, 5, 8, 8), _f32(1, 5, 8, 8), _f32(1),
+                        _f32(4 * 32), 8, 0, 32, 1, 1, 4, 8, 8, 5, 8, 8, 1, 1, 1, 1, 1, 1, 0, 0, 1, 0.0, 0.0]),
 ]
 """Valid calls that take other paths through a function than its entry in CALLS."""
 

@@ -106,10 +106,14 @@ def test_packed_conv_matches_reference(native, monkeypatch, n, c, f, h, w, k, st
                                                 (600, 1, 1, [0, 0, 0, 0])])
 @pytest.mark.parametrize("act", ["Clip", None])
 @pytest.mark.parametrize("threads", [1, 2])
-def test_long_products_keep_bias_residual_and_activation(native, monkeypatch, c, k, stride, pads, act, threads):
-    """Products over more rows (C * KH * KW, 540 to 900) than the property test reaches, with the
-    columns copied one strip at a time and a partial strip at the end (99 positions)."""
-    x, weight, b = randn(1, c, 9, 11), randn(40, c, k, k) / np.float32(np.sqrt(c * k * k)), randn(40)
+@pytest.mark.parametrize("filters", [40, 140])
+def test_long_products_keep_bias_residual_and_activation(native, monkeypatch, c, k, stride, pads, act, threads,
+                                                         filters):
+    """Products over more rows (C * KH * KW, 540 to 900) than the property test reaches, with a
+    partial strip at the end (99 positions); 40 filters read whole strips of columns in place, 140
+    (more than the GEMM's in-place rows) copy every strip."""
+    x, weight = randn(1, c, 9, 11), randn(filters, c, k, k) / np.float32(np.sqrt(c * k * k))
+    b = randn(filters)
     attrs = {"pads": pads, "strides": [stride, stride]}
     conv = reference("Conv", [x, weight, b], attrs)[0]
     r = randn(*conv.shape)
