@@ -71,7 +71,7 @@ static OMRT_INLINE void dw_chunk(const float *phases, const int64_t *at, const f
     for (int k = 0; k < DW_CHUNK / OMRT_LANES; k++) *(omrt_lanes_vec *)(acc + k * OMRT_LANES) = sum[k];
 }
 
-/* Output rows [o0, o0 + rows) of plane q (input plane xp, filter wp, bias b) through its phases. */
+/* Output rows [o0, o0 + rows) of plane q (input plane xp, filter wp, bias b) through its phases, activated. */
 static OMRT_INLINE void dw_band(const dw_job *j, const float *xp, const float *wp, float b, float *yp, float *scratch,
                                 int64_t o0, int64_t rows) {
     const int64_t SH = j->SH, SW = j->SW, Wq = dw_phase_width(j), Hq = rows + (j->KH - 1) * j->DH / SH;
@@ -93,7 +93,8 @@ static OMRT_INLINE void dw_band(const dw_job *j, const float *xp, const float *w
         }
     for (int64_t i = 0; i < L; i += DW_CHUNK)
         dw_chunk(scratch + i, at, wp, taps, b, L - i < DW_CHUNK ? L - i : DW_CHUNK, acc + i);
-    for (int64_t oh = 0; oh < rows; oh++) memcpy(yp + (o0 + oh) * j->OW, acc + oh * Wq, (size_t)j->OW * sizeof(float));
+    for (int64_t oh = 0; oh < rows; oh++)
+        omrt_activate_into(yp + (o0 + oh) * j->OW, acc + oh * Wq, j->OW, j->act, j->alpha, j->beta);
 }
 
 /* Planes [part starts, next part starts) of the N x M, one by one, `band` output rows at a time
@@ -108,7 +109,6 @@ static OMRT_HOT void plane_part(void *p, int64_t item, int64_t thread) {
         float b = j->bias ? j->bias[m] : 0.0f;
         for (int64_t o0 = 0; o0 < j->OH; o0 += j->band)
             dw_band(j, xp, j->w + m * j->KH * j->KW, b, yp, scratch, o0, j->OH - o0 < j->band ? j->OH - o0 : j->band);
-        omrt_activate(yp, j->OH * j->OW, j->act, j->alpha, j->beta);
     }
 }
 
@@ -169,8 +169,8 @@ static OMRT_HOT void block_part(void *p, int64_t item, int64_t thread) {
     const omrt_lanes_source source = {j->H, j->W, j->PL, 0.0f};
     omrt_lanes_gather(&source, src, lanes, o0 * j->SH - j->PT, rows, wide, in);
     dw_compute(j, in, wide, tap, bias, o0, o1, out);
+    omrt_activate(out, count * OMRT_LANES, j->act, j->alpha, j->beta);
     omrt_lanes_scatter(out, count, dst, lanes);
-    for (int64_t l = 0; l < lanes; l++) omrt_activate(dst[l], count, j->act, j->alpha, j->beta);
 }
 
 /* y (N x M planes of OH x OW): plane (n, m) reads input plane (n, m / mult) of x (N x M/mult

@@ -49,23 +49,32 @@ static inline float omrt_hard_sigmoid(float v, float alpha, float beta) {
     return t < 0.0f ? 0.0f : (t > 1.0f ? 1.0f : t);
 }
 
-static inline void omrt_activate(float *y, int64_t n, int64_t act, float alpha, float beta) {
+/* dst[i] = act(src[i]) for i < n (dst may be src). Copying and activating in one pass also keeps a
+ * row from being read back right after a copy wrote it, which stalls when the copy was a string
+ * move (glibc's memcpy for short runs). */
+static inline void omrt_activate_into(float *dst, const float *src, int64_t n, int64_t act, float alpha, float beta) {
     switch (act) {
     case OMRT_ACT_RELU:
-        for (int64_t i = 0; i < n; i++) y[i] = y[i] > 0.0f ? y[i] : 0.0f;
+        for (int64_t i = 0; i < n; i++) dst[i] = src[i] > 0.0f ? src[i] : 0.0f;
         break;
     case OMRT_ACT_LEAKY:
-        for (int64_t i = 0; i < n; i++) y[i] = y[i] < 0.0f ? y[i] * alpha : y[i];
+        for (int64_t i = 0; i < n; i++) dst[i] = src[i] < 0.0f ? src[i] * alpha : src[i];
         break;
     case OMRT_ACT_CLIP:
-        for (int64_t i = 0; i < n; i++) y[i] = y[i] < alpha ? alpha : (y[i] > beta ? beta : y[i]);
+        for (int64_t i = 0; i < n; i++) dst[i] = src[i] < alpha ? alpha : (src[i] > beta ? beta : src[i]);
         break;
     case OMRT_ACT_HARD_SIGMOID:
-        for (int64_t i = 0; i < n; i++) y[i] = omrt_hard_sigmoid(y[i], alpha, beta);
+        for (int64_t i = 0; i < n; i++) dst[i] = omrt_hard_sigmoid(src[i], alpha, beta);
         break;
     default:
+        if (dst != src)
+            for (int64_t i = 0; i < n; i++) dst[i] = src[i];
         break;
     }
+}
+
+static inline void omrt_activate(float *y, int64_t n, int64_t act, float alpha, float beta) {
+    omrt_activate_into(y, y, n, act, alpha, beta);
 }
 
 /* The worker pool (workers.c): fn(ctx, item, thread) for every item in [0, count), on up to

@@ -104,9 +104,7 @@ static OMRT_HOT_AVX2 void transform_out(const float *restrict M, const float *re
             }
             const int64_t lo = 2 * tx0, hi = 2 * tx1 < OW ? 2 * tx1 : OW;
             for (int64_t k = 0; k < 2 && 2 * ty + k < OH; k++) {
-                float *dst = yf + (2 * ty + k) * OW;
-                for (int64_t q = lo; q < hi; q++) dst[q] = scratch[k * wb + q];
-                omrt_activate(dst + lo, hi - lo, act, alpha, beta);
+                omrt_activate_into(yf + (2 * ty + k) * OW + lo, scratch + k * wb + lo, hi - lo, act, alpha, beta);
             }
             t += tx1 - tx0;
         }
