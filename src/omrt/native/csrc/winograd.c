@@ -16,37 +16,39 @@ static inline int64_t element_floats(int64_t ctot, int64_t n) {
  * e is element_floats(ctot, n) floats after e - 1, a matrix of channels by tiles in strips of
  * OMRT_MAX_NR tiles (strip s holds tiles 32 s.., `ctot` channels of 32 floats each; V points at
  * channel 0 of these C), zero past the last tile. Tile (ty, tx) reads rows 2ty - PT .. +3 and
- * columns 2tx - PL .. +3, zero outside. `scratch` holds 8 * (2 * tw + 2) floats. */
+ * columns 2tx - PL .. +3, zero outside. `scratch` holds 8 * (2 * tw + 2) floats. The column
+ * transform reads the input rows in place (a row above or below the plane reads a zero row):
+ * copying them first left its loads waiting on the copy's stores. */
 static OMRT_HOT_AVX2 void transform_in(const float *restrict x, float *restrict V, float *restrict scratch,
                                        int64_t C, int64_t ctot, int64_t H, int64_t W, int64_t PT, int64_t PL,
                                        int64_t tw, int64_t t0, int64_t t1) {
     const int64_t wp = 2 * tw + 2, n = t1 - t0, es = element_floats(ctot, n), strip = ctot * OMRT_MAX_NR;
-    float *restrict rows = scratch, *restrict cols = scratch + 4 * wp;
+    float *restrict zero = scratch, *restrict cols = scratch + 4 * wp;
+    for (int64_t q = 0; q < wp; q++) zero[q] = 0.0f;
     for (int64_t c = 0; c < C; c++) {
         const float *xc = x + c * H * W;
         for (int64_t t = t0; t < t1;) {
             const int64_t ty = t / tw, tx0 = t % tw;
             const int64_t tx1 = tx0 + (t1 - t < tw - tx0 ? t1 - t : tw - tx0);
             const int64_t lo = 2 * tx0, hi = 2 * tx1 + 2;
+            const int64_t in_lo = PL > lo ? (PL < hi ? PL : hi) : lo;
+            const int64_t in_hi = W + PL < hi ? (W + PL > in_lo ? W + PL : in_lo) : hi;
+            const float *r[4];
             for (int64_t j = 0; j < 4; j++) {
-                float *row = rows + j * wp;
                 const int64_t iy = 2 * ty - PT + j;
-                const int64_t in_lo = iy < 0 || iy >= H ? hi : (PL > lo ? PL : lo);
-                const int64_t in_hi = iy < 0 || iy >= H ? hi : (W + PL < hi ? W + PL : hi);
-                const float *src = xc + iy * W - PL;
-                for (int64_t q = lo; q < in_lo; q++) row[q] = 0.0f;
-                for (int64_t q = in_lo; q < in_hi; q++) row[q] = src[q];
-                for (int64_t q = in_hi > in_lo ? in_hi : in_lo; q < hi; q++) row[q] = 0.0f;
+                r[j] = iy < 0 || iy >= H ? zero : xc + iy * W - PL;
             }
-            const float *r0 = rows, *r1 = rows + wp, *r2 = rows + 2 * wp, *r3 = rows + 3 * wp;
+            const float *r0 = r[0], *r1 = r[1], *r2 = r[2], *r3 = r[3];
             float *u0 = cols, *u1 = cols + wp, *u2 = cols + 2 * wp, *u3 = cols + 3 * wp;
+            for (int64_t q = lo; q < in_lo; q++) u0[q] = u1[q] = u2[q] = u3[q] = 0.0f;
 #pragma GCC ivdep
-            for (int64_t q = lo; q < hi; q++) {
+            for (int64_t q = in_lo; q < in_hi; q++) {
                 u0[q] = r0[q] - r2[q];
                 u1[q] = r1[q] + r2[q];
                 u2[q] = r2[q] - r1[q];
                 u3[q] = r1[q] - r3[q];
             }
+            for (int64_t q = in_hi; q < hi; q++) u0[q] = u1[q] = u2[q] = u3[q] = 0.0f;
             for (int64_t tx = tx0; tx < tx1;) { /* a run of tiles inside one strip */
                 const int64_t q = t - t0 + tx - tx0, at = q % OMRT_MAX_NR;
                 const int64_t run = tx1 - tx < OMRT_MAX_NR - at ? tx1 - tx : OMRT_MAX_NR - at;
