@@ -44,22 +44,25 @@ def test_concat_symbolic():
         infer("Concat", [sym(2, 3), sym(3)], {"axis": 0})
 
 
-def test_concat_prefix_input():
-    """Input 0 may already sit at the start of the output; run leaves it there."""
+def test_concat_input_offsets():
+    """Where all dims before the axis are 1, every input may already sit at its slice of the
+    output (byte offsets); run then leaves it there, and writes only the inputs that are not."""
     k = lookup("Concat", 21)
     a, b = rand(1, 2, 3), rand(1, 4, 3)
     infos = [TensorInfo.of(a), TensorInfo.of(b)]
-    for axis, want in ((1, 0), (0, 0), (2, None), (-2, 0)):
+    for axis, want in ((1, {0: 0, 1: 24}), (0, {0: 0, 1: 24}), (2, {}), (-2, {0: 0, 1: 24})):
         ctx = OpContext({"axis": axis}, 21, name="c")
-        assert k.prefix_input(ctx, infos, [sym(1, 6, 3)]) == want
-    assert k.prefix_input(OpContext({"axis": 1}, 21), [None, infos[1]], [sym(1, 4, 3)]) is None
+        assert k.input_offsets(ctx, infos, [sym(1, 6, 3)]) == want
+    assert k.input_offsets(OpContext({"axis": 1}, 21), [None, infos[1]], [sym(1, 4, 3)]) == {1: 0}
     ctx = OpContext({"axis": 1}, 21, name="c")
     outs = k.infer(ctx, infos)
-    buf = np.empty((1, 6, 3), np.float32)
-    grown = buf[:, :2]
-    np.copyto(grown, a)
-    k(ctx, infos, outs).run([buf[:, :2], b], [buf], None)
-    np.testing.assert_array_equal(buf, np.concatenate([a, b], axis=1))
+    buf = np.concatenate([a, b], axis=1)
+    buf.flags.writeable = False  # nothing may be written: both inputs are in place
+    k(ctx, infos, outs).run([buf[:, :2], buf[:, 2:]], [buf], None)
+    out = np.zeros((1, 6, 3), np.float32)
+    out[:, 2:] = b
+    k(ctx, infos, outs).run([a, out[:, 2:]], [out], None)
+    np.testing.assert_array_equal(out, np.concatenate([a, b], axis=1))
 
 
 @pytest.mark.parametrize("perm", [None, [0, 1, 2], [2, 0, 1], [1, 0, 2]])

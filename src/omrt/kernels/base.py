@@ -96,11 +96,11 @@ class Kernel:
         raise NotImplementedError(f"{cls.__name__}.infer")
 
     @classmethod
-    def prefix_input(cls, ctx: OpContext, inputs: Sequence[TensorInfo | None],
-                     outputs: Sequence[TensorInfo]) -> int | None:
-        """An input whose bytes may already sit at the start of output 0 (the kernel then skips
-        writing them), letting the planner grow that input's buffer into the output (Concat)."""
-        return None
+    def input_offsets(cls, ctx: OpContext, inputs: Sequence[TensorInfo | None],
+                      outputs: Sequence[TensorInfo]) -> dict[int, int]:
+        """Input index -> the byte offset in output 0 at which that input's bytes may already sit
+        (the kernel then skips writing them): the planner may place the input there (Concat)."""
+        return {}
 
     def workspace(self) -> int:
         """Scratch bytes this task needs in the arena (planned like any tensor)."""

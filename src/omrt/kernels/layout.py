@@ -28,8 +28,8 @@ from .shape import (_ints, _known, _length, _merge, _normalize_axes, _present, _
 class Concat(Kernel):
     """Join along `axis`: each input is written into its slice of the output.
 
-    When all dims before `axis` are 1, input 0 is the output's leading bytes: the planner may
-    grow its buffer into the output (`prefix_input`), and `run` then leaves those bytes alone.
+    When all dims before `axis` are 1, each input's slice is one run of the output's bytes: the
+    planner may place the input there (`input_offsets`), and `run` then leaves it alone.
     """
 
     @classmethod
@@ -50,9 +50,19 @@ class Concat(Kernel):
         return [TensorInfo(first.dtype, tuple(dims))]
 
     @classmethod
-    def prefix_input(cls, ctx, inputs, outputs):
+    def input_offsets(cls, ctx, inputs, outputs):
         axis = normalize_axis(int(ctx.attrs.get("axis", 1)), outputs[0].rank, ctx.name)
-        return 0 if inputs[0] is not None and all(d == 1 for d in outputs[0].shape[:axis]) else None
+        if not all(d == 1 for d in outputs[0].shape[:axis]):
+            return {}
+        offsets, at = {}, 0
+        for i, x in enumerate(inputs):
+            if x is None:
+                continue
+            offsets[i] = at
+            if not x.static:
+                break
+            at += x.nbytes
+        return offsets
 
     native_units = ("elementwise",)
 
@@ -70,11 +80,11 @@ class Concat(Kernel):
             return None
         flat, blocks = out.reshape(-1), math.prod(out.shape[:self.axis])
         pitch, pos, calls = out.size // blocks, 0, []
-        for i, x in enumerate(inputs):
+        for x in inputs:
             if x is None or x.size == 0:
                 continue
             size = x.size // blocks
-            if not (i == 0 and _same_memory(x, out)):
+            if not (blocks == 1 and _same_memory(x, flat[pos:])):
                 if x.dtype != np.float32 or not x.flags.c_contiguous or np.may_share_memory(x, out):
                     return None
                 calls.append(self.native_copy.bind(x, flat[pos:], blocks, size, pitch))
@@ -86,12 +96,14 @@ class Concat(Kernel):
             return
         out, pos = outputs[0], 0
         lead = (slice(None),) * self.axis
-        for i, x in enumerate(inputs):
+        in_place = all(d == 1 for d in out.shape[:self.axis])
+        for x in inputs:
             if x is None:
                 continue
             n = x.shape[self.axis]
-            if not (i == 0 and x.size and _same_memory(x, out)):
-                out[lead + (slice(pos, pos + n),)] = x
+            part = out[lead + (slice(pos, pos + n),)]
+            if not (in_place and x.size and _same_memory(x, part)):
+                part[...] = x
             pos += n
 
 

@@ -9,6 +9,8 @@
                        outputs live to the end.
 3. `share_in_place`    a kernel that may overwrite an input dying at its task writes its output
                        into that input's buffer; Concat grows its first input's buffer.
+   `place_in_outputs`  an input dying at a Concat is planned inside the Concat's output, at
+                       its slice, so that nothing is copied.
 4. `claim_outputs`     each graph output's buffer becomes the caller's output memory, unless it
                        cannot (then the output is copy-only, with the reason).
 5. `arena_blocks`      a block per remaining buffer and per kernel workspace, placed in the arena
@@ -28,7 +30,7 @@ from ..errors import ShapeError
 from ..ir import Graph
 from ..kernels import kernel_of
 from ..kernels.base import Kernel
-from ..memory import align
+from ..memory import ALIGN, align
 from .arena import Block, lower_bound, naive_size, place
 from .infer import context
 from .program import ARENA, DYNAMIC, INPUT, OUTPUT, WEIGHT, Placement, Program, Task
@@ -45,6 +47,9 @@ class Lowering:
     base: dict[str, str] = field(default_factory=dict)
     """value -> the value whose buffer it lives in (a view's input, an in-place input); follow
     it to the root with `root`."""
+    delta: dict[str, int] = field(default_factory=dict)
+    """value -> byte offset of its buffer inside its base's buffer (0 when absent): a Concat's
+    input placed at its slice of the output."""
     runtime: set[str] = field(default_factory=set)
     """Values allocated at run time: sequences and optionals, data-dependent shapes, strings."""
     input_roots: set[str] = field(default_factory=set)
@@ -58,6 +63,14 @@ class Lowering:
         while self.base.get(value, value) != value:
             value = self.base[value]
         return value
+
+    def offset_in_root(self, value: str) -> int:
+        """Byte offset of `value` inside the buffer of its root."""
+        at = 0
+        while self.base.get(value, value) != value:
+            at += self.delta.get(value, 0)
+            value = self.base[value]
+        return at
 
     def runs_late(self, t: int) -> bool:
         """True when task `t` is prepared at run time (it writes a run-time value)."""
@@ -74,6 +87,7 @@ def lower(graph: Graph, algorithm: str = "greedy") -> Program:
     state = make_tasks(graph)
     find_lifetimes(state)
     share_in_place(state)
+    place_in_outputs(state)
     claimed, copy_only = claim_outputs(state)
     blocks, block_of = arena_blocks(state, claimed)
     arena = place(blocks, algorithm)
@@ -160,14 +174,18 @@ def share_in_place(state: Lowering) -> None:
 def _in_place_candidates(state: Lowering, t: int, cls: type[Kernel]) -> list[tuple[int, int, bool]]:
     """(output index, input index, grows) pairs task `t` may share, in the kernel's preference."""
     pairs = [(o, i, False) for o, i in cls.inplace.items()]
-    task = state.tasks[t]
-    if not state.runs_late(t) and task.outputs and task.outputs[0]:
-        graph, infos = state.graph, state.graph.infos
-        ins = [infos[v] if v else None for v in task.inputs]
-        prefix = cls.prefix_input(context(graph.nodes[task.node], graph), ins, [infos[task.outputs[0]]])
-        if prefix is not None:
-            pairs.append((0, prefix, True))
+    pairs += [(0, i, True) for i, at in _input_offsets(state, t, cls).items() if at == 0]
     return pairs
+
+
+def _input_offsets(state: Lowering, t: int, cls: type[Kernel]) -> dict[int, int]:
+    """Kernel.input_offsets of task `t` (none for a task prepared at run time)."""
+    task = state.tasks[t]
+    if state.runs_late(t) or not task.outputs or not task.outputs[0]:
+        return {}
+    graph, infos = state.graph, state.graph.infos
+    ins = [infos[v] if v else None for v in task.inputs]
+    return cls.input_offsets(context(graph.nodes[task.node], graph), ins, [infos[task.outputs[0]]])
 
 
 def _may_share(state: Lowering, t: int, out: str, src: str, grows: bool, output_roots: set[str]) -> bool:
@@ -179,6 +197,39 @@ def _may_share(state: Lowering, t: int, out: str, src: str, grows: bool, output_
     return (state.in_arena(root) and state.last.get(root) == t and same_root_reads == 1
             and root not in output_roots and state.root(out) == out
             and infos[out].dtype == infos[src].dtype and fits)
+
+
+def place_in_outputs(state: Lowering) -> None:
+    """Step 3, second part: an input that dies at its task is planned inside output 0 at the byte
+    offset the kernel names (`Kernel.input_offsets`), when nothing else would share those bytes:
+    its whole buffer (its producers' in-place chain) fits the slice, the slice is aligned, and
+    output 0 is planned memory. The input's buffer then lives as long as the output's."""
+    for t, cls in enumerate(state.kernels):
+        task = state.tasks[t]
+        offsets = _input_offsets(state, t, cls)
+        if not offsets:
+            continue
+        out = state.root(task.outputs[0])
+        if not (state.in_arena(out) and out not in state.runtime):
+            continue
+        roots = [state.root(v) for v in task.inputs if v]
+        for i, at in offsets.items():
+            src = task.inputs[i]
+            root = state.root(src)
+            if (root == out or roots.count(root) != 1 or at % ALIGN or not state.in_arena(root)
+                    or state.last.get(root) != t or _extent(state, root) != state.graph.infos[src].nbytes
+                    or root in {state.root(v) for v in state.graph.outputs}):
+                continue
+            state.base[root], state.delta[root] = out, state.offset_in_root(task.outputs[0]) + at
+            state.first[out] = min(state.first[out], state.first.pop(root))
+            state.last.pop(root)
+
+
+def _extent(state: Lowering, root: str) -> int:
+    """Bytes of the buffer `root` owns: the end of the furthest value in it."""
+    infos = state.graph.infos
+    return max((state.offset_in_root(v) + infos[v].nbytes for v in infos
+                if v not in state.graph.constants and infos[v].static and state.root(v) == root), default=0)
 
 
 def claim_outputs(state: Lowering) -> tuple[dict[str, str], dict[str, str]]:
@@ -215,7 +266,7 @@ def arena_blocks(state: Lowering, claimed: dict[str, str]) -> tuple[list[Block],
     for v, info in infos.items():
         if v not in constants and info.static:
             r = state.root(v)
-            group_bytes[r] = max(group_bytes.get(r, 1), info.nbytes)
+            group_bytes[r] = max(group_bytes.get(r, 1), state.offset_in_root(v) + info.nbytes)
     block_of: dict[str, Block] = {}
     for root in sorted(state.first, key=lambda r: state.first[r]):
         if root not in claimed and root not in state.runtime:
@@ -274,9 +325,9 @@ def placements(state: Lowering, claimed: dict[str, str], block_of: dict[str, Blo
         elif root in state.input_roots:
             places[v] = Placement(INPUT, io_offsets[root], root)
         elif root in claimed:
-            places[v] = Placement(OUTPUT, io_offsets[claimed[root]], claimed[root])
+            places[v] = Placement(OUTPUT, io_offsets[claimed[root]] + state.offset_in_root(v), claimed[root])
         elif root in block_of:
-            places[v] = Placement(ARENA, block_of[root].offset, root)
+            places[v] = Placement(ARENA, block_of[root].offset + state.offset_in_root(v), root)
     for v in graph.outputs:
         places.setdefault(v, Placement(WEIGHT, 0, v) if v in graph.constants else Placement(DYNAMIC))
     return places
