@@ -14,16 +14,6 @@ static inline float pool_step(float acc, float v, int64_t is_max) {
     return is_max ? (v > acc ? v : acc) : acc + v;
 }
 
-/* yr[ow] op= tmp[ow * SW + shift] for the positions that read inside the row; SW is a constant
- * at the call sites below, so that the compiler vectorizes the strided reads. */
-static inline void pool_columns(float *yr, const float *tmp, const int64_t *lo, const int64_t *hi,
-                                int64_t KW, int64_t SW, int64_t DW, int64_t PL, int64_t is_max) {
-    for (int64_t kw = 0; kw < KW; kw++) {
-        int64_t shift = kw * DW - PL;
-        for (int64_t ow = lo[kw]; ow < hi[kw]; ow++) yr[ow] = pool_step(yr[ow], tmp[ow * SW + shift], is_max);
-    }
-}
-
 /* Set to NaN the maxima of output row `oh` whose window holds a NaN (numpy's maximum semantics). */
 static void nan_windows(float *yr, const float *xp, const int64_t *lo, const int64_t *hi, int64_t oh,
                         int64_t H, int64_t W, int64_t KH, int64_t KW, int64_t SH, int64_t SW,
@@ -66,15 +56,27 @@ static inline int64_t pool_plane_floats(int64_t OH, int64_t OW, int64_t KH, int6
 }
 
 /* dst[i] = op over taps t of src[i * SW + t * step], for i < n; SW is a constant at the call sites
- * below, so that the compiler vectorizes the strided reads, and so is is_max. */
-static inline void pool_taps(float *dst, const float *src, int64_t n, int64_t SW, int64_t taps, int64_t step,
+ * below, so that the compiler vectorizes the strided reads, and so is is_max. Two or three taps
+ * (most windows) go in one pass, more in one pass per tap. */
+static OMRT_INLINE void pool_taps(float *dst, const float *src, int64_t n, int64_t SW, int64_t taps, int64_t step,
                              int64_t is_max) {
+    if (taps == 2) {
+        for (int64_t i = 0; i < n; i++) dst[i] = pool_step(src[i * SW], src[i * SW + step], is_max);
+        return;
+    }
+    if (taps == 3) {
+        for (int64_t i = 0; i < n; i++) {
+            const float *at = src + i * SW;
+            dst[i] = pool_step(pool_step(at[0], at[step], is_max), at[2 * step], is_max);
+        }
+        return;
+    }
     for (int64_t i = 0; i < n; i++) dst[i] = src[i * SW];
     for (int64_t t = 1; t < taps; t++)
         for (int64_t i = 0; i < n; i++) dst[i] = pool_step(dst[i], src[i * SW + t * step], is_max);
 }
 
-static inline void pool_taps_any(float *dst, const float *src, int64_t n, int64_t SW, int64_t taps, int64_t step,
+static OMRT_INLINE void pool_taps_any(float *dst, const float *src, int64_t n, int64_t SW, int64_t taps, int64_t step,
                                  int64_t is_max) {
     if (is_max) {
         if (SW == 1) pool_taps(dst, src, n, 1, taps, step, 1);
@@ -211,13 +213,70 @@ OMRT_AVX512 static void lanes_part(void *p, int64_t item, int64_t thread) {
 
 #endif
 
+/* Output columns [o0, o1) of a row from its input rows pooled in `pooled`, tap by tap, only the
+ * taps inside the row: the columns whose window reaches into the padding. */
+static OMRT_INLINE void pool_edge(const pool_job *j, float *yr, const float *pooled, int64_t o0, int64_t o1,
+                                  const int64_t *lo, const int64_t *hi) {
+    for (int64_t ow = o0; ow < o1; ow++) {
+        float acc = j->is_max ? -INFINITY : 0.0f;
+        for (int64_t kw = 0; kw < j->KW; kw++)
+            if (ow >= lo[kw] && ow < hi[kw]) acc = pool_step(acc, pooled[ow * j->SW + kw * j->DW - j->PL], j->is_max);
+        yr[ow] = acc;
+    }
+}
+
+/* A plane by the row path: each output row's input rows pooled into scratch (W floats), then its
+ * columns, each in one pass (pool_taps); only the columns whose window reaches into the padding
+ * take the taps one by one. Each input row is looked at once for NaNs (the max above drops
+ * them); from the first one on, every row's windows that read one get it (nan_windows). */
+static OMRT_INLINE void pool_rows(const pool_job *j, const float *xp, float *yp, const float *inv_count,
+                                  float *scratch, const int64_t *lo, const int64_t *hi) {
+    const int64_t H = j->H, W = j->W, OH = j->OH, OW = j->OW, KH = j->KH, KW = j->KW, SH = j->SH, SW = j->SW,
+                  DH = j->DH, DW = j->DW, PT = j->PT, PL = j->PL, is_max = j->is_max;
+    const float init = is_max ? -INFINITY : 0.0f;
+    int nan = 0;         /* a row read so far holds a NaN */
+    int64_t scanned = 0; /* rows below this one have been looked at for NaNs, each once */
+    int64_t in_lo = 0, in_hi = OW;
+    for (int64_t kw = 0; kw < KW; kw++) {
+        in_lo = lo[kw] > in_lo ? lo[kw] : in_lo;
+        in_hi = hi[kw] < in_hi ? hi[kw] : in_hi;
+    }
+    if (in_hi < in_lo) in_hi = in_lo;
+    for (int64_t oh = 0; oh < OH; oh++) {
+        int64_t first = -1, taps = 0; /* the rows inside the plane: a run of the window's */
+        for (int64_t kh = 0; kh < KH; kh++) {
+            const int64_t ih = oh * SH + kh * DH - PT;
+            if (ih >= 0 && ih < H) {
+                first = first < 0 ? ih : first;
+                taps++;
+            }
+        }
+        if (taps) {
+            pool_taps_any(scratch, xp + first * W, W, 1, taps, DH * W, is_max);
+            for (int64_t r = first > scanned ? first : scanned; is_max && r <= first + (taps - 1) * DH; r++)
+                for (int64_t iw = 0; iw < W; iw++) nan |= xp[r * W + iw] != xp[r * W + iw];
+            scanned = first + (taps - 1) * DH + 1 > scanned ? first + (taps - 1) * DH + 1 : scanned;
+        } else
+            for (int64_t iw = 0; iw < W; iw++) scratch[iw] = init;
+        float *yr = yp + oh * OW;
+        pool_taps_any(yr + in_lo, scratch + in_lo * SW - PL, in_hi - in_lo, SW, KW, DW, is_max);
+        pool_edge(j, yr, scratch, 0, in_lo, lo, hi);
+        pool_edge(j, yr, scratch, in_hi, OW, lo, hi);
+        if (!is_max) {
+            const float *inv = inv_count + oh * OW;
+            for (int64_t ow = 0; ow < OW; ow++) yr[ow] *= inv[ow];
+        } else if (nan) {
+            nan_windows(yr, xp, lo, hi, oh, H, W, KH, KW, SH, SW, DH, DW, PT, PL);
+        }
+    }
+}
+
 static OMRT_HOT void pool_part(void *p, int64_t item, int64_t thread) {
     const pool_job *j = p;
     const int64_t H = j->H, W = j->W, OH = j->OH, OW = j->OW, KH = j->KH, KW = j->KW, SH = j->SH, SW = j->SW,
                   DH = j->DH, DW = j->DW, PT = j->PT, PL = j->PL, is_max = j->is_max;
     const float *inv_count = j->inv_count;
     float *scratch = j->scratch + thread * j->pitch;
-    float init = is_max ? -INFINITY : 0.0f;
     int64_t band = OH;
     while (band > 0 && pool_plane_floats(band, OW, KH, KW, SH, SW, DH, DW) > j->pitch) band--;
     int64_t lo[KW], hi[KW];
@@ -229,34 +288,7 @@ static OMRT_HOT void pool_part(void *p, int64_t item, int64_t thread) {
         for (int64_t o0 = 0; banded && o0 < OH; o0 += band)
             banded = pool_plane(xp, yp + o0 * OW, is_max ? NULL : inv_count + o0 * OW, scratch, H, W,
                                 OH - o0 < band ? OH - o0 : band, OW, KH, KW, SH, SW, DH, DW, PT - o0 * SH, PL, is_max);
-        if (banded) continue;
-        for (int64_t oh = 0; oh < OH; oh++) {
-            float *yr = yp + oh * OW;
-            for (int64_t iw = 0; iw < W; iw++) scratch[iw] = init;
-            int nan = 0;
-            for (int64_t kh = 0; kh < KH; kh++) {
-                int64_t ih = oh * SH + kh * DH - PT;
-                if (ih < 0 || ih >= H) continue;
-                const float *xr = xp + ih * W;
-                for (int64_t iw = 0; iw < W; iw++) {
-                    scratch[iw] = pool_step(scratch[iw], xr[iw], is_max);
-                    nan |= xr[iw] != xr[iw];
-                }
-            }
-            for (int64_t ow = 0; ow < OW; ow++) yr[ow] = init;
-            if (SW == 1)
-                pool_columns(yr, scratch, lo, hi, KW, 1, DW, PL, is_max);
-            else if (SW == 2)
-                pool_columns(yr, scratch, lo, hi, KW, 2, DW, PL, is_max);
-            else
-                pool_columns(yr, scratch, lo, hi, KW, SW, DW, PL, is_max);
-            if (!is_max) {
-                const float *inv = inv_count + oh * OW;
-                for (int64_t ow = 0; ow < OW; ow++) yr[ow] *= inv[ow];
-            } else if (nan) {
-                nan_windows(yr, xp, lo, hi, oh, H, W, KH, KW, SH, SW, DH, DW, PT, PL);
-            }
-        }
+        if (!banded) pool_rows(j, xp, yp, inv_count, scratch, lo, hi);
     }
 }
 
