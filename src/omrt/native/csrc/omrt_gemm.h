@@ -148,6 +148,17 @@ OMRT_AVX512 static inline void omrt_tile_avx512(int64_t K, const float *a, const
     omrt_sums_fit_avx512(K, a, b, bks, acc, rows, cols);
     __mmask16 m0 = cols >= 16 ? 0xFFFF : (__mmask16)((1u << cols) - 1);
     __mmask16 m1 = cols >= 32 ? 0xFFFF : cols <= 16 ? 0 : (__mmask16)((1u << (cols - 16)) - 1);
+    if (!e->bias && !e->col_bias && !e->residual && e->act == OMRT_ACT_NONE) {
+        /* plain products (Winograd's, of as few as 16 steps): the sums as they are */
+#pragma GCC unroll 12
+        for (int r = 0; r < OMRT_PANEL; r++) {
+            if (r < rows) {
+                _mm512_mask_storeu_ps(c + r * ldc, m0, acc[r][0]);
+                _mm512_mask_storeu_ps(c + r * ldc + 16, m1, acc[r][1]);
+            }
+        }
+        return;
+    }
     __m512 col0 = _mm512_setzero_ps(), col1 = _mm512_setzero_ps();
     if (e->col_bias) {
         col0 = _mm512_maskz_loadu_ps(m0, e->col_bias);
