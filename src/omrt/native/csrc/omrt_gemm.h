@@ -219,6 +219,16 @@ OMRT_AVX2 static inline void omrt_tile_avx2(int64_t K, const float *a, const flo
         }
     }
     __m256i m0 = omrt_lanes8(cols > 8 ? 8 : cols), m1 = omrt_lanes8(cols > 16 ? 8 : cols > 8 ? cols - 8 : 0);
+    if (!e->bias && !e->col_bias && !e->residual && e->act == OMRT_ACT_NONE) { /* as the AVX-512 tile */
+#pragma GCC unroll 6
+        for (int r = 0; r < 6; r++) {
+            if (r < rows) {
+                _mm256_maskstore_ps(c + r * ldc, m0, acc[r][0]);
+                _mm256_maskstore_ps(c + r * ldc + 8, m1, acc[r][1]);
+            }
+        }
+        return;
+    }
     __m256 col0 = _mm256_setzero_ps(), col1 = _mm256_setzero_ps();
     if (e->col_bias) {
         col0 = _mm256_maskload_ps(e->col_bias, m0);
