@@ -35,8 +35,9 @@ the scratch for either path."""
 
 ROW_PATH_WIDTH = 96
 """Planes at least this wide pool row by row: their rows are long enough for the row loop's
-vectors, and a band of them would hold few rows (3x3 max pools at stride 2 over 109- and
-112-wide planes ran 1.15-1.22x slower in bands, 56-wide ones 0.81x, 27-wide ones 0.44x)."""
+vectors, and a band of them would hold few rows (3x3 max pools at stride 2 over 111- and
+112-wide planes ran 1.09-1.38x slower in bands, 56-wide ones 0.91x, 28-wide ones 0.52x; 80-wide
+planes ran 1.1-1.3x slower in bands at stride 2, 0.94x at stride 1, so the line stays here)."""
 
 SPLIT_BYTES = 1 << 24
 """Pools that read at least this many bytes (input size times the taps per dim) spread their
