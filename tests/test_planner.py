@@ -117,7 +117,14 @@ def test_verifier_catches_broken_plans(tmp_path):
     b.offset = 8
     with pytest.raises(PlanError, match=r"is not 64-byte aligned"):
         verify(p, g)
-    b.offset = a.offset + a.size  # mend it; now push the last value past the end of its output block
+    b.offset = a.offset + a.size  # mend it; now move a value off its block's aligned offsets
+    verify(p, g)
+    start = p.places["a"].offset
+    for moved, why in ((start + 4, "at 4 bytes into it"), (start + a.size, "past its end")):
+        p.places["a"].offset = moved
+        with pytest.raises(PlanError, match=rf"'a' \(24 bytes at {moved}\) does not fit its block 'a'"):
+            verify(p, g)
+    p.places["a"].offset = start  # and push the last value past the end of its output block
     verify(p, g)
     p.places["y"].offset += 4
     with pytest.raises(PlanError, match=r"'y' \(24 bytes at 4\) lies outside the I/O block of 'y' \(24 bytes\)"):
@@ -193,3 +200,32 @@ def test_a_concats_inputs_are_planned_inside_its_output(tmp_path, concat_is_outp
     calls = concat.kernel.bind(concat.inputs, concat.outputs, None)
     assert calls is None or len(calls) == 1  # natively: one copy, of b
     assert sess.stats.bytes_copied == 0
+
+
+def test_a_concat_inside_a_concat_places_its_inputs_at_their_offsets_in_the_outer_one(tmp_path):
+    """y = Concat(p, Concat(q, r)): q and r are planned inside the inner Concat's output, which is
+    planned inside y, so their offsets add up; the plan verifies and the values match."""
+    from onnx.reference import ReferenceEvaluator
+
+    rng = np.random.default_rng(2)
+    ws = [numpy_helper.from_array(rng.standard_normal((16, 8, 1, 1)).astype(np.float32), f"w{i}") for i in range(3)]
+    wo = numpy_helper.from_array(rng.standard_normal((4, 48, 1, 1)).astype(np.float32) / 8, "wo")
+    nodes = [helper.make_node("Conv", ["x", f"w{i}"], [v]) for i, v in enumerate("pqr")]
+    nodes += [helper.make_node("Concat", ["q", "r"], ["inner"], axis=1),
+              helper.make_node("Concat", ["p", "inner"], ["y"], axis=1),
+              helper.make_node("Conv", ["y", "wo"], ["z"])]
+    model = _graph(nodes, [_vi("x", (1, 8, 5, 5))], [_vi("z", (1, 4, 5, 5))], [*ws, wo])
+    path = str(tmp_path / "nested.om")
+    omrt.compile(model, path)
+    loaded = omrt.load(path)
+    p = loaded.default.program
+    verify(p, loaded.default.graph)
+    slice_bytes = 16 * 25 * 4
+    y = p.places["y"]
+    for name, slices_before in (("p", 0), ("inner", 1), ("q", 1), ("r", 2)):
+        assert (p.places[name].region, p.places[name].key) == (y.region, y.key)
+        assert p.places[name].offset == y.offset + slices_before * slice_bytes
+    x = rng.standard_normal((1, 8, 5, 5)).astype(np.float32)
+    want = ReferenceEvaluator(model).run(None, {"x": x})[0]
+    got = loaded.session().run({"x": x})["z"]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * max(1.0, float(np.abs(want).max())))

@@ -58,19 +58,26 @@ class Lowering:
     last: dict[str, int] = field(default_factory=dict)
     """Lifetimes of root buffers: first task writing, last task reading (len(tasks): an output)."""
 
-    def root(self, value: str) -> str:
-        """The value that owns the buffer `value` lives in."""
-        while self.base.get(value, value) != value:
-            value = self.base[value]
-        return value
-
-    def offset_in_root(self, value: str) -> int:
-        """Byte offset of `value` inside the buffer of its root."""
+    def place_of(self, value: str) -> tuple[str, int]:
+        """(the value that owns the buffer `value` lives in, `value`'s byte offset inside it)."""
         at = 0
         while self.base.get(value, value) != value:
             at += self.delta.get(value, 0)
             value = self.base[value]
-        return at
+        return value, at
+
+    def root(self, value: str) -> str:
+        """The value that owns the buffer `value` lives in."""
+        return self.place_of(value)[0]
+
+    def buffer_bytes(self) -> dict[str, int]:
+        """Root -> bytes of its buffer: the end of the furthest value planned in it (at least 1)."""
+        ends: dict[str, int] = {}
+        for v, info in self.graph.infos.items():
+            if v not in self.graph.constants and info.static:
+                root, at = self.place_of(v)
+                ends[root] = max(ends.get(root, 1), at + info.nbytes)
+        return ends
 
     def runs_late(self, t: int) -> bool:
         """True when task `t` is prepared at run time (it writes a run-time value)."""
@@ -203,33 +210,29 @@ def place_in_outputs(state: Lowering) -> None:
     """Step 3, second part: an input that dies at its task is planned inside output 0 at the byte
     offset the kernel names (`Kernel.input_offsets`), when nothing else would share those bytes:
     its whole buffer (its producers' in-place chain) fits the slice, the slice is aligned, and
-    output 0 is planned memory. The input's buffer then lives as long as the output's."""
+    output 0 is planned memory. The input's buffer then lives as long as the output's. (Moving a
+    buffer into an output never makes the output's buffer bigger, so the sizes are read once.)"""
+    sizes = state.buffer_bytes()
+    output_roots = {state.root(v) for v in state.graph.outputs}
     for t, cls in enumerate(state.kernels):
         task = state.tasks[t]
         offsets = _input_offsets(state, t, cls)
         if not offsets:
             continue
-        out = state.root(task.outputs[0])
-        if not (state.in_arena(out) and out not in state.runtime):
+        out = state.root(task.outputs[0])  # at its start: only a later task moves it into another
+        if not state.in_arena(out):
             continue
         roots = [state.root(v) for v in task.inputs if v]
         for i, at in offsets.items():
             src = task.inputs[i]
             root = state.root(src)
             if (root == out or roots.count(root) != 1 or at % ALIGN or not state.in_arena(root)
-                    or state.last.get(root) != t or _extent(state, root) != state.graph.infos[src].nbytes
-                    or root in {state.root(v) for v in state.graph.outputs}):
+                    or state.last.get(root) != t or sizes[root] != state.graph.infos[src].nbytes
+                    or root in output_roots):
                 continue
-            state.base[root], state.delta[root] = out, state.offset_in_root(task.outputs[0]) + at
+            state.base[root], state.delta[root] = out, at
             state.first[out] = min(state.first[out], state.first.pop(root))
             state.last.pop(root)
-
-
-def _extent(state: Lowering, root: str) -> int:
-    """Bytes of the buffer `root` owns: the end of the furthest value in it."""
-    infos = state.graph.infos
-    return max((state.offset_in_root(v) + infos[v].nbytes for v in infos
-                if v not in state.graph.constants and infos[v].static and state.root(v) == root), default=0)
 
 
 def claim_outputs(state: Lowering) -> tuple[dict[str, str], dict[str, str]]:
@@ -259,14 +262,9 @@ def _workspace_key(t: int) -> str:
 
 
 def arena_blocks(state: Lowering, claimed: dict[str, str]) -> tuple[list[Block], dict[str, Block]]:
-    """Step 5: a block per arena buffer (sized for the largest value in it) and per workspace;
+    """Step 5: a block per arena buffer (sized to hold every value in it) and per workspace;
     returns them and a map from root (or workspace key) to its block."""
-    infos, constants = state.graph.infos, state.graph.constants
-    group_bytes: dict[str, int] = {}
-    for v, info in infos.items():
-        if v not in constants and info.static:
-            r = state.root(v)
-            group_bytes[r] = max(group_bytes.get(r, 1), state.offset_in_root(v) + info.nbytes)
+    group_bytes = state.buffer_bytes()
     block_of: dict[str, Block] = {}
     for root in sorted(state.first, key=lambda r: state.first[r]):
         if root not in claimed and root not in state.runtime:
@@ -317,7 +315,7 @@ def placements(state: Lowering, claimed: dict[str, str], block_of: dict[str, Blo
     written = {o for t in state.tasks for o in t.outputs if o}
     places: dict[str, Placement] = {}
     for v in set(graph.infos) & (needed | written):
-        root = state.root(v)
+        root, at = state.place_of(v)
         if root in graph.constants:
             places[v] = Placement(WEIGHT, 0, root)
         elif root in state.runtime:
@@ -325,9 +323,9 @@ def placements(state: Lowering, claimed: dict[str, str], block_of: dict[str, Blo
         elif root in state.input_roots:
             places[v] = Placement(INPUT, io_offsets[root], root)
         elif root in claimed:
-            places[v] = Placement(OUTPUT, io_offsets[claimed[root]] + state.offset_in_root(v), claimed[root])
+            places[v] = Placement(OUTPUT, io_offsets[claimed[root]] + at, claimed[root])
         elif root in block_of:
-            places[v] = Placement(ARENA, block_of[root].offset + state.offset_in_root(v), root)
+            places[v] = Placement(ARENA, block_of[root].offset + at, root)
     for v in graph.outputs:
         places.setdefault(v, Placement(WEIGHT, 0, v) if v in graph.constants else Placement(DYNAMIC))
     return places
