@@ -111,8 +111,9 @@ POOL2D = Function(
      *_window(Int("is_max"), Int("lanes"))),
     requires=("pitch >= W", _TAPS, "is_max <= 1", "lanes <= 1"))
 """Max or average pools of 2-d planes: with `lanes` on an AVX-512 CPU, 16 planes at a time in
-bands of output rows when `pitch` holds one (omrt.kernels.pool.pool_lanes_floats); else in a few flat passes over a
-padded plane when `pitch` holds one (omrt.kernels.pool.pool_plane_floats), else row by row."""
+bands of output rows when `pitch` holds one (omrt.kernels.pool.pool_lanes_floats); else in a
+few flat passes over a padded plane when `pitch` holds one (omrt.kernels.pool.pool_plane_floats),
+else row by row."""
 
 GLOBAL_POOL = Function("pool", "omrt_global_pool_f32",
                        (Array("x", "planes * size"), Array("y", "planes", write=True), Int("planes", 1),

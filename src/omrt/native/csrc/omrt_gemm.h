@@ -338,10 +338,9 @@ static inline void omrt_panel_gemm(const float *panels, int64_t K, int64_t m0, i
                                    int64_t ldb, int64_t n, float *c, int64_t ldc, const omrt_epilogue *e,
                                    float *scratch, int64_t block) {
     const omrt_gemm_kind kind = omrt_gemm_pick();
-    const int direct = m1 - m0 <= OMRT_IN_PLACE_ROWS;
     for (int64_t p = 0; p < n; p += block) {
         const int64_t w = n - p < block ? n - p : block;
-        const int64_t in_place = direct ? w / kind.nr * kind.nr : 0;
+        const int64_t in_place = m1 - m0 <= OMRT_IN_PLACE_ROWS ? w / kind.nr * kind.nr : 0; /* columns */
         if (w > in_place) omrt_pack_strips(b + p + in_place, ldb, K, w - in_place, kind.nr, scratch);
         /* the next block's columns of b, c and the residual are many short runs of rows that no
          * hardware prefetcher follows: each step of rows asks for its share of them */

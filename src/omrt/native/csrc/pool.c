@@ -253,9 +253,10 @@ static OMRT_INLINE void pool_rows(const pool_job *j, const float *xp, float *yp,
         }
         if (taps) {
             pool_taps_any(scratch, xp + first * W, W, 1, taps, DH * W, is_max);
-            for (int64_t r = first > scanned ? first : scanned; is_max && r <= first + (taps - 1) * DH; r++)
-                for (int64_t iw = 0; iw < W; iw++) nan |= xp[r * W + iw] != xp[r * W + iw];
-            scanned = first + (taps - 1) * DH + 1 > scanned ? first + (taps - 1) * DH + 1 : scanned;
+            const int64_t end = first + (taps - 1) * DH + 1; /* past the window's last row */
+            if (is_max)
+                for (int64_t i = (first > scanned ? first : scanned) * W; i < end * W; i++) nan |= xp[i] != xp[i];
+            scanned = end > scanned ? end : scanned;
         } else
             for (int64_t iw = 0; iw < W; iw++) scratch[iw] = init;
         float *yr = yp + oh * OW;
