@@ -85,7 +85,7 @@ class WinogradConv(Conv):
         oh, ow = self.win.out
         tw = -(-ow // 2)
         self.tiles = tw * -(-oh // 2)
-        self.rows_bytes = align(max(8 * (2 * tw + 2), 4 * tw) * 4)
+        self.rows_bytes = align(max(5 * (2 * tw + 2), 4 * tw) * 4)
         plans = {t: self._plan(t) for t in range(1, parallel.MAX_SLOTS + 1)}
         self.conv_workspace_bytes = self.workspace_bytes
         self.workspace_bytes = max(self.workspace_bytes,

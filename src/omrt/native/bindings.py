@@ -129,7 +129,7 @@ WINOGRAD = Function(
      Int("v_floats"), Int("slot_floats"), Int("chunk_tiles", 1), Int("shared"), Int("fpass", 1), Int("threads", 1),
      Int("N"), Int("C"), Int("H"), Int("W"), Int("F"), Int("OH"), Int("OW"), Int("PT"), Int("PL"), *_ACT),
     derived=(("tw", "(OW + 1) // 2"), ("tiles", "tw * ((OH + 1) // 2)"),
-             ("rows", "(max(8 * (2 * tw + 2), 4 * tw) + 15) // 16 * 16"),
+             ("rows", "(max(5 * (2 * tw + 2), 4 * tw) + 15) // 16 * 16"),
              ("chunks", "max(-(-tiles // chunk_tiles), min(threads, tiles))"),
              ("per_chunk", "-(-tiles // max(chunks, 1))"),
              ("strips", "-(-(tiles if shared else per_chunk) // GEMM_MAX_NR) * GEMM_MAX_NR"),

@@ -16,14 +16,14 @@ static inline int64_t element_floats(int64_t ctot, int64_t n) {
  * e is element_floats(ctot, n) floats after e - 1, a matrix of channels by tiles in strips of
  * OMRT_MAX_NR tiles (strip s holds tiles 32 s.., `ctot` channels of 32 floats each; V points at
  * channel 0 of these C), zero past the last tile. Tile (ty, tx) reads rows 2ty - PT .. +3 and
- * columns 2tx - PL .. +3, zero outside. `scratch` holds 8 * (2 * tw + 2) floats. The column
+ * columns 2tx - PL .. +3, zero outside. `scratch` holds 5 * (2 * tw + 2) floats. The column
  * transform reads the input rows in place (a row above or below the plane reads a zero row):
  * copying them first left its loads waiting on the copy's stores. */
 static OMRT_HOT_AVX2 void transform_in(const float *restrict x, float *restrict V, float *restrict scratch,
                                        int64_t C, int64_t ctot, int64_t H, int64_t W, int64_t PT, int64_t PL,
                                        int64_t tw, int64_t t0, int64_t t1) {
     const int64_t wp = 2 * tw + 2, n = t1 - t0, es = element_floats(ctot, n), strip = ctot * OMRT_MAX_NR;
-    float *restrict zero = scratch, *restrict cols = scratch + 4 * wp;
+    float *restrict zero = scratch, *restrict cols = scratch + wp;
     for (int64_t q = 0; q < wp; q++) zero[q] = 0.0f;
     for (int64_t c = 0; c < C; c++) {
         const float *xc = x + c * H * W;
@@ -192,7 +192,7 @@ OMRT_EXPORT void omrt_winograd_f32(const float *x, const float *U, const float *
                 .slot_floats = slot_floats, .fpass = fpass, .C = C, .H = H, .W = W, .F = F,
                 .OH = OH, .OW = OW, .PT = PT, .PL = PL, .act = act, .alpha = alpha, .beta = beta, .tw = tw,
                 .tiles = tw * ((OH + 1) / 2),
-                .rows = ((8 * (2 * tw + 2) > 4 * tw ? 8 * (2 * tw + 2) : 4 * tw) + 15) & ~(int64_t)15};
+                .rows = ((5 * (2 * tw + 2) > 4 * tw ? 5 * (2 * tw + 2) : 4 * tw) + 15) & ~(int64_t)15};
     if (shared) {
         j.cblocks = threads < C ? threads : C;
         j.fblocks = threads < F ? threads : F;
