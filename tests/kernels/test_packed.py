@@ -34,9 +34,13 @@ def _kernel(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, attrs: dict, 
     return cls(ctx, infos, cls.infer(ctx, infos[:4]))
 
 
-def _run(kernel: packed.PackedConv, x, w, bias, residual: np.ndarray | None = None) -> np.ndarray:
-    """The kernel's output, every float of it written (NaN before), over a workspace of garbage."""
+def _run(kernel: packed.PackedConv, x, w, bias, residual: np.ndarray | None = None,
+         over_residual: bool = False) -> np.ndarray:
+    """The kernel's output, every float of it written (NaN before; or written over a copy of the
+    residual, the output then being that residual), over a workspace of garbage."""
     y = np.full(kernel.outputs[0].shape, np.nan, np.float32)
+    if over_residual:
+        y = residual = residual.copy()
     inputs = [x, w, bias, packed.pack_panels(w)] + ([] if residual is None else [residual])
     kernel.run(inputs, [y], np.full(kernel.workspace(), 0xCD, np.uint8))
     return y
@@ -111,7 +115,8 @@ def test_long_products_keep_bias_residual_and_activation(native, monkeypatch, c,
                                                          filters):
     """Products over more rows (C * KH * KW, 540 to 900) than the property test reaches, with a
     partial strip at the end (99 positions); 40 filters read whole strips of columns in place, 140
-    (more than the GEMM's in-place rows) copy every strip."""
+    (more than the GEMM's in-place rows) copy every strip; once into y and once over the residual
+    (the plan's PackedResidualConv.inplace)."""
     x, weight = randn(1, c, 9, 11), randn(filters, c, k, k) / np.float32(np.sqrt(c * k * k))
     b = randn(filters)
     attrs = {"pads": pads, "strides": [stride, stride]}
@@ -122,11 +127,12 @@ def test_long_products_keep_bias_residual_and_activation(native, monkeypatch, c,
     try:
         kernel = _kernel(x, weight, b, {**attrs, **ACTS[act]}, native, r)
         assert kernel.native_packed is not None or packed.gemm_tile(native) == 0
-        y = _run(kernel, x, weight, b, r)
+        ys = [_run(kernel, x, weight, b, r, over_residual) for over_residual in (False, True)]
     finally:
         omrt.set_num_threads(1)
     want = _activated(conv + r, act)
-    np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-4 * max(1.0, float(np.abs(want).max())))
+    for y in ys:
+        np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-4 * max(1.0, float(np.abs(want).max())))
 
 
 def _product(a: np.ndarray, b: np.ndarray, bias: np.ndarray | None, attrs: dict, native) -> packed.PackedMatMul:
@@ -334,3 +340,41 @@ def test_an_add_of_a_packed_convs_output_folds_into_it_only_when_it_may(native, 
     want = ReferenceEvaluator(model).run(None, {"x": x})
     for got, ref in zip(loaded.session().run({"x": x}).values(), want):
         np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4 * max(1.0, float(np.abs(ref).max())))
+
+
+@pytest.mark.parametrize("trusted", [True, False])
+def test_a_residual_convs_output_is_planned_over_the_residual_it_ends(native, tmp_path, trusted):
+    """A residual block: r = Relu(x) is read by the block's first Conv and by the Add folded into its
+    last, where r dies, so the last Conv's output takes r's buffer and the tile reads each residual
+    element just before it writes over it; without the library the Conv paths run over a copy of r.
+    The plan verifies, the values match the reference, and the step's output is its residual."""
+    from onnx.reference import ReferenceEvaluator
+
+    from omrt.plan import verify
+
+    rng = np.random.default_rng(7)
+    ws = [numpy_helper.from_array((rng.standard_normal((16, 16, k, k)) / (4 * k)).astype(np.float32), f"w{i}")
+          for i, k in enumerate((3, 1, 1))]
+    nodes = [helper.make_node("Relu", ["x"], ["r"]),
+             helper.make_node("Conv", ["r", "w0"], ["a"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["a"], ["ra"]),
+             helper.make_node("Conv", ["ra", "w1"], ["b"]),
+             helper.make_node("Add", ["b", "r"], ["s"]), helper.make_node("Relu", ["s"], ["y"]),
+             helper.make_node("Conv", ["y", "w2"], ["z"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 7, 7])],
+                              [helper.make_tensor_value_info("z", TensorProto.FLOAT, None)], ws)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    omrt.compile(model, str(tmp_path / "m.om"))
+    loaded = omrt.load(str(tmp_path / "m.om"), trust_kernels=trusted)
+    program = loaded.default.program
+    verify(program, loaded.default.graph)
+    fused = next(n for n in loaded.graph.nodes if n.op_type == "PackedResidualConv")
+    residual, out = fused.inputs[packed.RESIDUAL], fused.outputs[0]
+    assert program.places[out] == program.places[residual]
+    sess = loaded.session()
+    x = randn(1, 16, 7, 7)
+    got = sess.run({"x": x})["z"]
+    want = ReferenceEvaluator(model).run(None, {"x": x})[0]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * max(1.0, float(np.abs(want).max())))
+    step = next(s for s in sess._executor.instructions if s.node.op_type == "PackedResidualConv")
+    assert step.outputs[0].__array_interface__["data"] == step.inputs[packed.RESIDUAL].__array_interface__["data"]
+    assert (step.kernel.native_packed is not None) == (trusted and packed.gemm_tile(native) > 0)

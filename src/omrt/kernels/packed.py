@@ -138,10 +138,13 @@ class PackedConv(Conv):
     def run(self, inputs, outputs, workspace):
         if run_bound(self.bind(inputs, outputs, workspace)):
             return
+        y = outputs[0]
+        residual = inputs[RESIDUAL] if self.residual else None
+        if residual is not None and np.shares_memory(residual, y):
+            residual = residual.copy()  # planned under y (`inplace`), which the Conv paths write first
         super().run(inputs, outputs, workspace)
-        if self.residual:
-            y = outputs[0]
-            np.add(y, inputs[RESIDUAL], out=y)
+        if residual is not None:
+            np.add(y, residual, out=y)
             apply_activation(y, self.post)
 
 
@@ -150,7 +153,15 @@ class PackedResidualConv(PackedConv):
     """act(Conv(X, W, B) + R): a PackedConv and the Add of its output to a residual R (input 4,
     of its output's shape), the Add done in the tile's registers, so that the layer's output is
     never written and read back (omrt.compiler.passes.fuse_residual_adds). An op type of its own:
-    an omrt that lacks it refuses the file, where a PackedConv would drop the sum."""
+    an omrt that lacks it refuses the file, where a PackedConv would drop the sum.
+
+    Its output may be planned over the residual when the residual dies here (a ResNet block's
+    identity): the tile reads each residual element just before it writes that element, so the
+    layer reads one array and writes it back instead of also filling a third (1x1 layers of 256
+    filters at 56x56: 0.82-0.89 of the time). Only the numpy and BLAS paths copy the residual
+    first, as they write the whole output before adding it."""
+
+    inplace = {0: RESIDUAL}
 
 
 MIN_ROWS = PANEL // 2

@@ -95,7 +95,8 @@ PCONV2D = Function(
     requires=("pointwise or step >= 1", "pointwise or not buffer or buffer >= rows * step * OW",
               "block % GEMM_MAX_NR == 0", _TAPS, _ACT_KNOWN))
 """Conv of one group, its filters packed at compile time (omrt.kernels.packed), through omrt's own GEMM;
-plus a residual laid out as y, when given, before the activation."""
+plus a residual laid out as y, when given, before the activation. The residual may be y itself: each
+element of it is read just before the same element of y is written."""
 
 GEMM_TILE = Function("workers", "omrt_gemm_tile", (Array("level", "1", write=True, dtype="int64"),))
 """The widest tile of omrt's GEMM on this CPU: 2 AVX-512, 1 AVX2 and FMA, 0 plain C."""

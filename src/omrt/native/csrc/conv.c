@@ -361,7 +361,7 @@ OMRT_EXPORT void omrt_conv2d_f32(const float *x, const float *w, const float *bi
 
 /* omrt_conv2d_f32 of one group, its filters packed in panels (see omrt_gemm.h) and multiplied by
  * omrt's own GEMM, which copies `block` columns at a time into `strips` (K * block floats per
- * thread); `residual` (laid out as y; NULL: none) is added before the activation. */
+ * thread); `residual` (laid out as y, or y itself; NULL: none) is added before the activation. */
 OMRT_EXPORT void omrt_pconv2d_f32(const float *x, const float *panels, const float *bias, const float *residual,
                                   float *y, float *work, float *strips, int64_t step, int64_t buffer, int64_t block,
                                   int64_t threads, int64_t N, int64_t C, int64_t H, int64_t W, int64_t M, int64_t OH,
