@@ -253,9 +253,9 @@ def test_native_pointwise_conv_matches_reference(native, threads, shape, filters
 
 
 def _padded_winograd(filters: int, size: int, native):
-    """A 16-channel 3x3 WinogradConv with pads 1 over a size x size input, and its X and W."""
+    """A 16-channel 3x3 WinogradConv with pads 1 over a size x size input (2x2 tiles), and its X and W."""
     x, weight = randn(1, 16, size, size), randn(filters, 16, 3, 3)
-    u = winograd.packed_transform(weight)
+    u = winograd.packed_transform(weight, 2)
     ctx = OpContext({"pads": [1, 1, 1, 1]}, 1, name="t", op_type="WinogradConv", native=native)
     infos = [TensorInfo(x.dtype, x.shape), TensorInfo(weight.dtype, weight.shape), None, TensorInfo(u.dtype, u.shape)]
     return winograd.WinogradConv(ctx, infos, winograd.WinogradConv.infer(ctx, infos)), x, weight
@@ -263,7 +263,7 @@ def _padded_winograd(filters: int, size: int, native):
 
 def _runs_as_conv(kernel, x: np.ndarray, weight: np.ndarray) -> None:
     y = np.empty(kernel.outputs[0].shape, np.float32)
-    kernel.run([x, weight, None, winograd.packed_transform(weight)], [y], np.zeros(kernel.workspace(), np.uint8))
+    kernel.run([x, weight, None, winograd.packed_transform(weight, 2)], [y], np.zeros(kernel.workspace(), np.uint8))
     np.testing.assert_allclose(y, reference("Conv", [x, weight], {"pads": [1, 1, 1, 1]})[0], rtol=1e-4, atol=1e-4)
 
 
@@ -304,11 +304,13 @@ def test_winograd_without_a_vector_tile_runs_as_a_conv(native, monkeypatch):
     _runs_as_conv(kernel, x, weight)
 
 
-def test_winograd_filters_are_packed_in_panels_per_element():
+@pytest.mark.parametrize("tile, elements", [(2, 16), (4, 36)])
+def test_winograd_filters_are_packed_in_panels_per_element(tile, elements):
     weight = randn(14, 5, 3, 3)
-    u, packed = winograd.filter_transform(weight), winograd.packed_transform(weight)
-    assert packed.shape == (16, 2, 5, 12) and packed.dtype == np.float32
-    for e in range(16):
+    u, packed = winograd.filter_transform(weight, tile), winograd.packed_transform(weight, tile)
+    assert packed.shape == (elements, 2, 5, 12) and packed.dtype == np.float32
+    assert winograd.tile_of(TensorInfo(packed.dtype, packed.shape)) == tile
+    for e in range(elements):
         for f in range(14):
             np.testing.assert_array_equal(packed[e, f // 12, :, f % 12], u[e, f])
     assert not packed[:, 1, :, 2:].any()  # filters 14 to 23 are padding
@@ -323,18 +325,18 @@ def test_sigmoid_fused_depthwise_keeps_numpy_path(native):
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.integers(1, 2), st.integers(16, 20), st.integers(16, 80), st.integers(1, 11), st.integers(1, 11),
        st.lists(st.integers(0, 2), min_size=4, max_size=4), st.sampled_from(sorted(ACTS, key=str)),
-       st.booleans(), st.integers(1, 2), st.sampled_from([None, 3]))
+       st.booleans(), st.integers(1, 2), st.sampled_from([None, 3]), st.sampled_from([2, 4]))
 def test_winograd_conv_matches_reference(vector_tile, monkeypatch, n, c, f, h, w, pads, act, bias, threads,
-                                         tiles_per_chunk):
+                                         tiles_per_chunk, tile):
     native = vector_tile
     if h + pads[0] + pads[2] < 3 or w + pads[1] + pads[3] < 3:
         return
     if tiles_per_chunk:
         monkeypatch.setattr(winograd, "SCRATCH_CAP",
-                            16 * (c + min(f, winograd.FILTERS_PER_PASS)) * 4 * tiles_per_chunk)
+                            (tile + 2) ** 2 * (c + min(f, winograd.FILTERS_PER_PASS)) * 4 * tiles_per_chunk)
     x, weight = randn(n, c, h, w), randn(f, c, 3, 3)
     b = randn(f) if bias else None
-    u = winograd.packed_transform(weight)
+    u = winograd.packed_transform(weight, tile)
     attrs = {"pads": pads}
     omrt.set_num_threads(threads)
     try:
@@ -348,7 +350,7 @@ def test_winograd_conv_matches_reference(vector_tile, monkeypatch, n, c, f, h, w
     finally:
         omrt.set_num_threads(1)
     want = _activated(reference("Conv", [x, weight] + ([b] if bias else []), attrs)[0], act)
-    np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-4 * max(1.0, float(np.abs(want).max())))
 
 
 def test_winograd_needs_a_3x3_stride_1_dense_float_layer():
@@ -363,6 +365,37 @@ def test_winograd_needs_a_3x3_stride_1_dense_float_layer():
     wide = randn(512, 512, 3, 3)  # 9 MiB of filters for 14x14 positions: 48 KiB per position
     assert not winograd.eligible({"pads": [1, 1, 1, 1]}, TensorInfo(np.dtype(np.float32), (1, 512, 14, 14)), wide)
     assert winograd.eligible({"pads": [1, 1, 1, 1]}, TensorInfo(np.dtype(np.float32), (1, 512, 28, 28)), wide)
+
+
+def test_winograd_takes_4x4_tiles_on_wide_planes_only(vector_tile, tmp_path):
+    """A 3x3 layer over a 24x24 plane takes F(4x4, 3x3) (36 transformed filter matrices), one over
+    12x12 (after a stride-2 layer) F(2x2, 3x3) (16); both run natively and match the reference."""
+    from onnx import TensorProto, helper, numpy_helper
+    from onnx.reference import ReferenceEvaluator
+
+    pads = {"pads": [1, 1, 1, 1]}
+    assert winograd.tile_for(pads, TensorInfo(np.dtype(np.float32), (1, 16, 20, 40))) == 4
+    assert winograd.tile_for(pads, TensorInfo(np.dtype(np.float32), (1, 16, 19, 40))) == 2
+    assert winograd.tile_for({}, TensorInfo(np.dtype(np.float32), (1, 16, 21, 21))) == 2  # 19x19 out
+    rng = np.random.default_rng(4)
+    ws = [numpy_helper.from_array((rng.standard_normal((16, 16, 3, 3)) / 12).astype(np.float32), f"w{i}")
+          for i in range(3)]
+    nodes = [helper.make_node("Conv", ["x", "w0"], ["a"], **pads),
+             helper.make_node("Conv", ["a", "w1"], ["b"], strides=[2, 2], **pads),
+             helper.make_node("Conv", ["b", "w2"], ["y"], **pads)]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 24, 24])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], ws)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    omrt.compile(model, str(tmp_path / "w.om"))
+    loaded = omrt.load(str(tmp_path / "w.om"), trust_kernels=True)
+    sess = loaded.session()
+    x = randn(1, 16, 24, 24)
+    want = ReferenceEvaluator(model).run(None, {"x": x})[0]
+    got = sess.run({"x": x})["y"]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * max(1.0, float(np.abs(want).max())))
+    steps = [s for s in sess._executor.instructions if s.node.op_type == "WinogradConv"]
+    assert [(s.kernel.tile, s.inputs[3].shape[0]) for s in steps] == [(4, 36), (2, 16)]
+    assert all(s.kernel.native_winograd is not None for s in steps)
 
 
 @st.composite

@@ -1,10 +1,12 @@
-"""Winograd F(2x2, 3x3) convolution (omrt::WinogradConv): 3x3 stride-1 layers with 2.25x fewer multiplies.
+"""Winograd convolution (omrt::WinogradConv): 3x3 stride-1 layers with 2.25x (F(2x2, 3x3)) or 4x
+(F(4x4, 3x3), on wide planes) fewer multiplies.
 
-A layer's output is cut into 2x2 tiles, each computed from a 4x4 input tile: the input tiles are
-transformed (V = B^T d B), multiplied by the filters transformed ahead of time (U = G g G^T) as 16
-GEMMs over all channels, and transformed back (Y = A^T M A), bias and activation included. The
-whole layer is one C call (csrc/winograd.c) on the native workers, its GEMMs on omrt's own tile
-(the 16 transformed filter matrices packed in panels at compile time, as PackedConv's are). The
+A layer's output is cut into T x T tiles (T = 2 or 4, see tile_for), each computed from a
+(T + 2) x (T + 2) input tile: the input tiles are transformed (V = B^T d B), multiplied by the
+filters transformed ahead of time (U = G g G^T) as (T + 2)^2 GEMMs over all channels, and
+transformed back (Y = A^T M A), bias and activation included. The whole layer is one C call
+(csrc/winograd.c) on the native workers, its GEMMs on omrt's own tile (the transformed filter
+matrices packed in panels at compile time, as PackedConv's are; their count says T). The
 compiler rewrites a Conv into this op only when it packs the native library, and the node keeps
 the Conv's own filters: without the library (not trusted, another host, a CPU without a vector
 tile) it runs as the Conv it was.
@@ -25,8 +27,17 @@ from .conv import Conv
 from .packed import PANEL, STRIP, gemm_tile, pack_panels
 from .window import window_of
 
-G = np.array([[1.0, 0.0, 0.0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0.0, 0.0, 1.0]])
-"""The filter transform of F(2x2, 3x3) (interpolation points 0, 1, -1 and infinity)."""
+G = {2: np.array([[1.0, 0.0, 0.0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0.0, 0.0, 1.0]]),
+     4: np.array([[1 / 4, 0, 0], [-1 / 6, -1 / 6, -1 / 6], [-1 / 6, 1 / 6, -1 / 6], [1 / 24, 1 / 12, 1 / 6],
+                  [1 / 24, -1 / 12, 1 / 6], [0, 0, 1]])}
+"""The filter transforms of F(2x2, 3x3) (interpolation points 0, 1, -1 and infinity) and of
+F(4x4, 3x3) (0, 1, -1, 2, -2 and infinity), by output tile side."""
+
+WIDE_PLANE = 20
+"""Layers whose output planes are at least this wide and high take 4x4 tiles: 56x56 and 28x28
+layers ran in 0.75-0.85 of the time of 2x2 tiles; 14x14 and 13x13 ones gained nothing for 2.25x
+the bytes of transformed filters (the padding of 4x4 tiles over 13 or 14 columns, and products
+over fewer tiles)."""
 
 SCRATCH_CAP = 1 << 20
 """Bytes of transformed input and products a thread holds: tiles go in chunks under it. Shared
@@ -39,24 +50,36 @@ products small, so that big layers still get many tiles per chunk."""
 
 MAX_FILTER_BYTES_PER_POSITION = 16 << 10
 """Layers whose filters outweigh their output positions by more than this stay plain Convs: the
-transformed filters take 16/9 the bytes of the originals, and late, wide layers (512 channels at
-14x14 or 7x7) would add the most resident memory for the least time saved."""
+transformed filters take 16/9 (2x2 tiles) or 4 (4x4 tiles) times the bytes of the originals, and
+late, wide layers (512 channels at 14x14 or 7x7) would add the most resident memory for the least
+time saved."""
 
 MIN_CHANNELS = 16
 """Layers with fewer input or output channels stay plain Convs: their GEMMs are too thin to pay
 for the transforms."""
 
 
-def filter_transform(w: np.ndarray) -> np.ndarray:
-    """U (16, F, C) = G w G^T per filter and channel, computed in float64."""
-    u = np.einsum("ir,fcrs,ks->ikfc", G, w.astype(np.float64), G)
-    return np.ascontiguousarray(u.reshape(16, *w.shape[:2]).astype(w.dtype))
+def tile_for(attrs: dict[str, Any], x: TensorInfo) -> int:
+    """The output tile side for an eligible Conv node over `x`: 4 on wide output planes, else 2."""
+    return 4 if min(window_of(OpContext(attrs, 1), x.shape[2:], [3, 3]).out) >= WIDE_PLANE else 2
 
 
-def packed_transform(w: np.ndarray) -> np.ndarray:
-    """filter_transform(w), each element's F x C matrix packed in panels for omrt's GEMM
-    (packed.pack_panels): (16, ceil(F / PANEL), C, PANEL), computed at compile time."""
-    return np.stack([pack_panels(u[:, :, None, None]) for u in filter_transform(w)])
+def tile_of(u: TensorInfo) -> int:
+    """The output tile side U = packed_transform(W, tile) was made for: (tile + 2)^2 elements."""
+    return math.isqrt(u.shape[0]) - 2
+
+
+def filter_transform(w: np.ndarray, tile: int) -> np.ndarray:
+    """U ((tile + 2)^2, F, C) = G w G^T per filter and channel, computed in float64."""
+    g = G[tile]
+    u = np.einsum("ir,fcrs,ks->ikfc", g, w.astype(np.float64), g)
+    return np.ascontiguousarray(u.reshape(len(g) ** 2, *w.shape[:2]).astype(w.dtype))
+
+
+def packed_transform(w: np.ndarray, tile: int) -> np.ndarray:
+    """filter_transform(w, tile), each element's F x C matrix packed in panels for omrt's GEMM
+    (packed.pack_panels): ((tile + 2)^2, ceil(F / PANEL), C, PANEL), computed at compile time."""
+    return np.stack([pack_panels(u[:, :, None, None]) for u in filter_transform(w, tile)])
 
 
 def eligible(attrs: dict[str, Any], x: TensorInfo, w: np.ndarray) -> bool:
@@ -73,7 +96,7 @@ def eligible(attrs: dict[str, Any], x: TensorInfo, w: np.ndarray) -> bool:
 
 @register("WinogradConv", since=1, domain="omrt")
 class WinogradConv(Conv):
-    """Conv(X, W, B) with U = packed_transform(W) as input 3, run by Winograd F(2x2, 3x3)."""
+    """Conv(X, W, B) with U = packed_transform(W, tile) as input 3, run by Winograd F(tile x tile, 3x3)."""
 
     native_units = ("winograd",)
     derived = ((3, 1),)
@@ -83,9 +106,10 @@ class WinogradConv(Conv):
                  outputs: Sequence[TensorInfo]) -> None:
         super().__init__(ctx, inputs, outputs)
         oh, ow = self.win.out
-        tw = -(-ow // 2)
-        self.tiles = tw * -(-oh // 2)
-        self.rows_bytes = align(max(5 * (2 * tw + 2), 4 * tw) * 4)
+        self.tile = tile_of(inputs[3])
+        self.elements = (self.tile + 2) ** 2
+        self.tw = -(-ow // self.tile)
+        self.tiles = self.tw * -(-oh // self.tile)
         plans = {t: self._plan(t) for t in range(1, parallel.MAX_SLOTS + 1)}
         self.conv_workspace_bytes = self.workspace_bytes
         self.workspace_bytes = max(self.workspace_bytes,
@@ -97,13 +121,19 @@ class WinogradConv(Conv):
         bias, y, work)."""
         if fn is not None and act is not None and gemm_tile(ctx.native) > 0:
             geometry = (*inputs[0].shape, self.filters, oh, ow, *self.win.begin, *act)
-            self.native_winograd = {t: fn.partial(v // 4, slot // 4, per_chunk, shared, FILTERS_PER_PASS, t,
-                                                  *geometry)
+            self.native_winograd = {t: fn.partial(v // 4, slot // 4, per_chunk, shared, FILTERS_PER_PASS, self.tile,
+                                                  t, *geometry)
                                     for t, (v, slot, per_chunk, shared) in plans.items()}
+
+    def _rows(self, tiles: int) -> int:
+        """Bytes of the rows scratch closing a slot (csrc/winograd.c, wg_rows) for chunks of up to
+        `tiles` tiles: the input transform's padded rows, or the output transform's floats per tile."""
+        t = self.tile
+        return align(max((t + 3) * (t * self.tw + 2), 2 * t * (t + 1) * tiles) * 4)
 
     def _products(self, filters: int, tiles: int) -> int:
         """Bytes of the products of one pass over `filters` filters and `tiles` tiles."""
-        return align(16 * min(filters, FILTERS_PER_PASS) * tiles * 4)
+        return align(self.elements * min(filters, FILTERS_PER_PASS) * tiles * 4)
 
     def _plan(self, threads: int) -> tuple[int, int, int, int]:
         """(bytes of a V, bytes of each thread's slot, tiles per chunk, shared) on `threads` threads.
@@ -113,19 +143,18 @@ class WinogradConv(Conv):
         filters. The others give each thread chunks of tiles of its own, each V, products and
         rows in the thread's slot, chunks under SCRATCH_CAP each."""
         n_images, channels = self.inputs[0].shape[:2]
-        per_tile = 16 * (channels + min(self.filters, FILTERS_PER_PASS)) * 4
+        per_tile = self.elements * (channels + min(self.filters, FILTERS_PER_PASS)) * 4
         if threads > 1 and n_images == 1 and self.tiles * per_tile <= SCRATCH_CAP:
             per_thread = -(-self.filters // threads)
             return (self._transformed(channels, self.tiles),
-                    self._products(-(-per_thread // PANEL) * PANEL, self.tiles) + self.rows_bytes, self.tiles, 1)
+                    self._products(-(-per_thread // PANEL) * PANEL, self.tiles) + self._rows(self.tiles), self.tiles, 1)
         per_chunk = max(1, min(self.tiles, SCRATCH_CAP // per_tile))
         v = self._transformed(channels, per_chunk)
-        return v, v + self._products(self.filters, per_chunk) + self.rows_bytes, per_chunk, 0
+        return v, v + self._products(self.filters, per_chunk) + self._rows(per_chunk), per_chunk, 0
 
-    @staticmethod
-    def _transformed(channels: int, tiles: int) -> int:
-        """Bytes of V over `tiles` tiles: 16 elements, each in strips of STRIP tiles (padded)."""
-        return align(16 * channels * -(-tiles // STRIP) * STRIP * 4)
+    def _transformed(self, channels: int, tiles: int) -> int:
+        """Bytes of V over `tiles` tiles: its elements, each in strips of STRIP tiles (padded)."""
+        return align(self.elements * channels * -(-tiles // STRIP) * STRIP * 4)
 
     def bind(self, inputs, outputs, workspace):
         x, y = inputs[0], outputs[0]

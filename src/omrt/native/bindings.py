@@ -123,23 +123,25 @@ GLOBAL_POOL = Function("pool", "omrt_global_pool_f32",
 
 WINOGRAD = Function(
     "winograd", "omrt_winograd_f32",
-    (Array("x", "N * C * H * W"), Array("U", "16 * -(-F // GEMM_PANEL) * GEMM_PANEL * C"),
+    (Array("x", "N * C * H * W"), Array("U", "elements * -(-F // GEMM_PANEL) * GEMM_PANEL * C"),
      Array("bias", "F", optional=True), Array("y", "N * F * OH * OW", write=True),
      Array("work", "v_floats + min(threads, max(C, F)) * slot_floats if shared "
                    "else min(threads, N * chunks) * slot_floats", write=True, scratch=True),
-     Int("v_floats"), Int("slot_floats"), Int("chunk_tiles", 1), Int("shared"), Int("fpass", 1), Int("threads", 1),
-     Int("N"), Int("C"), Int("H"), Int("W"), Int("F"), Int("OH"), Int("OW"), Int("PT"), Int("PL"), *_ACT),
-    derived=(("tw", "(OW + 1) // 2"), ("tiles", "tw * ((OH + 1) // 2)"),
-             ("rows", "(max(5 * (2 * tw + 2), 4 * tw) + 15) // 16 * 16"),
+     Int("v_floats"), Int("slot_floats"), Int("chunk_tiles", 1), Int("shared"), Int("fpass", 1), Int("T", 2),
+     Int("threads", 1), Int("N"), Int("C"), Int("H"), Int("W"), Int("F"), Int("OH"), Int("OW"), Int("PT"), Int("PL"),
+     *_ACT),
+    derived=(("tw", "-(-OW // T)"), ("tiles", "tw * -(-OH // T)"), ("elements", "(T + 2) ** 2"),
              ("chunks", "max(-(-tiles // chunk_tiles), min(threads, tiles))"),
              ("per_chunk", "-(-tiles // max(chunks, 1))"),
+             ("rows", "(max((T + 3) * (T * tw + 2), 2 * T * (T + 1) * (tiles if shared else per_chunk)) + 15)"
+                      " // 16 * 16"),
              ("strips", "-(-(tiles if shared else per_chunk) // GEMM_MAX_NR) * GEMM_MAX_NR"),
              ("per_block", "-(-(-(-F // max(min(threads, F), 1))) // GEMM_PANEL) * GEMM_PANEL")),
-    requires=("shared <= 1", "not shared or N == 1", "v_floats >= 16 * C * strips",
-              "slot_floats >= (16 * min(fpass, per_block) * tiles + rows if shared "
-              "else v_floats + 16 * min(fpass, F) * per_chunk + rows)",
+    requires=("T in (2, 4)", "shared <= 1", "not shared or N == 1", "v_floats >= elements * C * strips",
+              "slot_floats >= (elements * min(fpass, per_block) * tiles + rows if shared "
+              "else v_floats + elements * min(fpass, F) * per_chunk + rows)",
               "fpass % GEMM_PANEL == 0", _ACT_KNOWN))
-"""Winograd F(2x2, 3x3) of a 3x3 stride-1 layer: V, the transformed tiles, in strips of
+"""Winograd F(T x T, 3x3) of a 3x3 stride-1 layer, T = 2 or 4: V, the transformed tiles, in strips of
 GEMM_MAX_NR tiles (`strips` of them, padded), multiplied by U in panels of GEMM_PANEL filters."""
 
 MATMUL = Function(
