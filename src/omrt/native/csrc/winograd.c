@@ -285,8 +285,8 @@ OMRT_EXPORT void omrt_winograd_f32(const float *x, const float *U, const float *
     wg_job j = {.transform_in = T == 2 ? transform_in2 : transform_in4,
                 .transform_out = T == 2 ? transform_out2 : transform_out4, .x = x, .U = U, .bias = bias, .y = y,
                 .work = work, .v_floats = v_floats, .slot_floats = slot_floats, .fpass = fpass, .T = T, .C = C,
-                .H = H, .W = W, .F = F, .OH = OH, .OW = OW, .PT = PT, .PL = PL, .act = act, .alpha = alpha, .beta = beta, .tw = tw,
-                .tiles = tw * ((OH + T - 1) / T)};
+                .H = H, .W = W, .F = F, .OH = OH, .OW = OW, .PT = PT, .PL = PL, .act = act, .alpha = alpha,
+                .beta = beta, .tw = tw, .tiles = tw * ((OH + T - 1) / T)};
     if (shared) {
         j.rows = wg_rows(T, tw, j.tiles);
         j.cblocks = threads < C ? threads : C;
