@@ -369,14 +369,18 @@ def test_winograd_needs_a_3x3_stride_1_dense_float_layer():
 
 def test_winograd_takes_4x4_tiles_on_wide_planes_only(vector_tile, tmp_path):
     """A 3x3 layer over a 24x24 plane takes F(4x4, 3x3) (36 transformed filter matrices), one over
-    12x12 (after a stride-2 layer) F(2x2, 3x3) (16); both run natively and match the reference."""
+    12x12 (after a stride-2 layer) F(2x2, 3x3) (16), as do wide layers of many filters; both run
+    natively and match the reference."""
     from onnx import TensorProto, helper, numpy_helper
     from onnx.reference import ReferenceEvaluator
 
     pads = {"pads": [1, 1, 1, 1]}
-    assert winograd.tile_for(pads, TensorInfo(np.dtype(np.float32), (1, 16, 20, 40))) == 4
-    assert winograd.tile_for(pads, TensorInfo(np.dtype(np.float32), (1, 16, 19, 40))) == 2
-    assert winograd.tile_for({}, TensorInfo(np.dtype(np.float32), (1, 16, 21, 21))) == 2  # 19x19 out
+    def tile(shape, attrs=pads, filters=16):
+        return winograd.tile_for(attrs, TensorInfo(np.dtype(np.float32), shape), randn(filters, shape[1], 3, 3))
+
+    assert tile((1, 16, 20, 40)) == 4 and tile((1, 64, 20, 40), filters=112) == 4  # 1008 KiB transformed
+    assert tile((1, 16, 19, 40)) == 2 and tile((1, 16, 21, 21), {}) == 2  # 19x19 out
+    assert tile((1, 64, 20, 40), filters=128) == 2  # 1.125 MiB transformed
     rng = np.random.default_rng(4)
     ws = [numpy_helper.from_array((rng.standard_normal((16, 16, 3, 3)) / 12).astype(np.float32), f"w{i}")
           for i in range(3)]

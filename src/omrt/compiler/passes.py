@@ -577,7 +577,7 @@ def use_winograd(graph: Graph) -> Graph:
     packed, since the transforms are C loops."""
     for node, w in list(_convs(graph)):
         if winograd.eligible(node.attrs, graph.infos[node.inputs[0]], w):
-            tile = winograd.tile_for(node.attrs, graph.infos[node.inputs[0]])
+            tile = winograd.tile_for(node.attrs, graph.infos[node.inputs[0]], w)
             _derive_weight(graph, node, "WinogradConv", f"__winograd{tile}",
                            lambda w, tile=tile: winograd.packed_transform(w, tile))
     return graph

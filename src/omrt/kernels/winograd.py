@@ -34,10 +34,16 @@ G = {2: np.array([[1.0, 0.0, 0.0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0.0, 0.0,
 F(4x4, 3x3) (0, 1, -1, 2, -2 and infinity), by output tile side."""
 
 WIDE_PLANE = 20
-"""Layers whose output planes are at least this wide and high take 4x4 tiles: 56x56 and 28x28
-layers ran in 0.75-0.85 of the time of 2x2 tiles; 14x14 and 13x13 ones gained nothing for 2.25x
-the bytes of transformed filters (the padding of 4x4 tiles over 13 or 14 columns, and products
-over fewer tiles)."""
+"""Layers whose output planes are at least this wide and high may take 4x4 tiles: 56x56 to 80x80
+layers of 16-64 channels ran in 0.77-0.89 of the time of 2x2 tiles; 14x14 and 13x13 ones gained
+nothing for 2.25x the bytes of transformed filters (the padding of 4x4 tiles over 13 or 14
+columns, and products over fewer tiles)."""
+
+MAX_WIDE_FILTER_BYTES = 1 << 20
+"""...and only when their 36 transformed filter matrices take at most this many bytes (64
+channels in and out): above it they stream from beyond the L2 once per chunk of tiles, and
+DBNet's 128-channel 40x40 and 256-channel 20x20 layers took 1.08-1.13x the time of 2x2 tiles
+(resnet50's 128-channel 28x28 ones 0.75x: the rule gives that up)."""
 
 SCRATCH_CAP = 1 << 20
 """Bytes of transformed input and products a thread holds: tiles go in chunks under it. Shared
@@ -59,9 +65,11 @@ MIN_CHANNELS = 16
 for the transforms."""
 
 
-def tile_for(attrs: dict[str, Any], x: TensorInfo) -> int:
-    """The output tile side for an eligible Conv node over `x`: 4 on wide output planes, else 2."""
-    return 4 if min(window_of(OpContext(attrs, 1), x.shape[2:], [3, 3]).out) >= WIDE_PLANE else 2
+def tile_for(attrs: dict[str, Any], x: TensorInfo, w: np.ndarray) -> int:
+    """The output tile side for an eligible Conv node over `x` with filters `w`: 4 on wide output
+    planes when the transformed filters stay small, else 2."""
+    wide = min(window_of(OpContext(attrs, 1), x.shape[2:], [3, 3]).out) >= WIDE_PLANE
+    return 4 if wide and 36 * w.shape[0] * w.shape[1] * w.itemsize <= MAX_WIDE_FILTER_BYTES else 2
 
 
 def tile_of(u: TensorInfo) -> int:
