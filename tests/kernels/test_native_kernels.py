@@ -304,12 +304,29 @@ def test_winograd_without_a_vector_tile_runs_as_a_conv(native, monkeypatch):
     _runs_as_conv(kernel, x, weight)
 
 
+def test_winograd_filters_in_another_layout_run_as_a_conv(native):
+    """Transformed filters of a layout this omrt does not write (a 1.4 file's unpacked (16, F, C),
+    as many floats as the packed one for 24 filters, or a count of elements of no tile size) are
+    never handed to C: the layer runs as the Conv it was."""
+    x, weight = randn(1, 16, 6, 6), randn(24, 16, 3, 3)
+    unpacked = winograd.filter_transform(weight, 2)
+    for u in (unpacked, np.zeros((25, 2, 16, 12), np.float32)):
+        ctx = OpContext({"pads": [1, 1, 1, 1]}, 1, name="t", op_type="WinogradConv", native=native)
+        infos = [TensorInfo(x.dtype, x.shape), TensorInfo(weight.dtype, weight.shape), None,
+                 TensorInfo(u.dtype, u.shape)]
+        kernel = winograd.WinogradConv(ctx, infos, winograd.WinogradConv.infer(ctx, infos))
+        assert kernel.tile is None and kernel.native_winograd is None
+        y = np.empty(kernel.outputs[0].shape, np.float32)
+        kernel.run([x, weight, None, u], [y], np.zeros(kernel.workspace(), np.uint8))
+        np.testing.assert_allclose(y, reference("Conv", [x, weight], {"pads": [1, 1, 1, 1]})[0], rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("tile, elements", [(2, 16), (4, 36)])
 def test_winograd_filters_are_packed_in_panels_per_element(tile, elements):
     weight = randn(14, 5, 3, 3)
     u, packed = winograd.filter_transform(weight, tile), winograd.packed_transform(weight, tile)
     assert packed.shape == (elements, 2, 5, 12) and packed.dtype == np.float32
-    assert winograd.tile_of(TensorInfo(packed.dtype, packed.shape)) == tile
+    assert winograd.tile_of(TensorInfo(packed.dtype, packed.shape), 14, 5) == tile
     for e in range(elements):
         for f in range(14):
             np.testing.assert_array_equal(packed[e, f // 12, :, f % 12], u[e, f])

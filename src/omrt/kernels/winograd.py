@@ -69,12 +69,15 @@ def tile_for(attrs: dict[str, Any], x: TensorInfo, w: np.ndarray) -> int:
     """The output tile side for an eligible Conv node over `x` with filters `w`: 4 on wide output
     planes when the transformed filters stay small, else 2."""
     wide = min(window_of(OpContext(attrs, 1), x.shape[2:], [3, 3]).out) >= WIDE_PLANE
-    return 4 if wide and 36 * w.shape[0] * w.shape[1] * w.itemsize <= MAX_WIDE_FILTER_BYTES else 2
+    return 4 if wide and len(G[4]) ** 2 * w.shape[0] * w.shape[1] * w.itemsize <= MAX_WIDE_FILTER_BYTES else 2
 
 
-def tile_of(u: TensorInfo) -> int:
-    """The output tile side U = packed_transform(W, tile) was made for: (tile + 2)^2 elements."""
-    return math.isqrt(u.shape[0]) - 2
+def tile_of(u: TensorInfo, filters: int, channels: int) -> int | None:
+    """The output tile side U = packed_transform(W, tile) was made for, read from its shape
+    ((tile + 2)^2, ceil(filters / PANEL), channels, PANEL); None for any other shape (a layout
+    this omrt did not write, such as a 1.4 file's unpacked (16, F, C))."""
+    return next((t for t, g in G.items()
+                 if tuple(u.shape) == (len(g) ** 2, -(-filters // PANEL), channels, PANEL)), None)
 
 
 def filter_transform(w: np.ndarray, tile: int) -> np.ndarray:
@@ -114,19 +117,21 @@ class WinogradConv(Conv):
                  outputs: Sequence[TensorInfo]) -> None:
         super().__init__(ctx, inputs, outputs)
         oh, ow = self.win.out
-        self.tile = tile_of(inputs[3])
+        self.native_winograd = None
+        """Threads -> the layer in one native call with that split bound: call it with (x, U,
+        bias, y, work)."""
+        self.conv_workspace_bytes = self.workspace_bytes
+        self.tile = tile_of(inputs[3], self.filters, inputs[0].shape[1])
+        if self.tile is None:  # filters transformed in a layout this omrt does not read: the Conv it was
+            return
         self.elements = (self.tile + 2) ** 2
         self.tw = -(-ow // self.tile)
         self.tiles = self.tw * -(-oh // self.tile)
         plans = {t: self._plan(t) for t in range(1, parallel.MAX_SLOTS + 1)}
-        self.conv_workspace_bytes = self.workspace_bytes
         self.workspace_bytes = max(self.workspace_bytes,
                                    max(v * shared + t * slot for t, (v, slot, _, shared) in plans.items()))
         act = activation_code(ctx.attrs)
         fn = ctx.native.get(WINOGRAD) if ctx.native is not None else None
-        self.native_winograd = None
-        """Threads -> the layer in one native call with that split bound: call it with (x, U,
-        bias, y, work)."""
         if fn is not None and act is not None and gemm_tile(ctx.native) > 0:
             geometry = (*inputs[0].shape, self.filters, oh, ow, *self.win.begin, *act)
             self.native_winograd = {t: fn.partial(v // 4, slot // 4, per_chunk, shared, FILTERS_PER_PASS, self.tile,
