@@ -42,7 +42,7 @@ columns, and products over fewer tiles)."""
 MAX_WIDE_FILTER_BYTES = 1 << 20
 """...and only when their 36 transformed filter matrices take at most this many bytes (64
 channels in and out): above it they stream from beyond the L2 once per chunk of tiles, and
-DBNet's 128-channel 40x40 and 256-channel 20x20 layers took 1.08-1.13x the time of 2x2 tiles
+DBNet's 128-channel 40x40 and 256-channel 20x20 layers took 1.08-1.49x the time of 2x2 tiles
 (resnet50's 128-channel 28x28 ones 0.75x: the rule gives that up)."""
 
 SCRATCH_CAP = 1 << 20
