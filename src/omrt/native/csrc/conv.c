@@ -258,7 +258,7 @@ static void multiply(const conv_job *j, int64_t image, int64_t g, int64_t f0, in
         omrt_epilogue e = {j->bias, NULL, j->act, j->alpha, j->beta,
                            j->residual ? j->residual + (c - j->y) : NULL};
         omrt_panel_gemm(j->panels, j->K, m, m + f1 - f0, b + p0, ldb, p1 - p0, c, j->P, &e,
-                        j->strips + thread * j->K * j->block, j->block);
+                        j->strips + thread * j->K * j->block, j->block, b == j->x + image * j->C * j->H * j->W);
         return;
     }
     omrt_sgemm(f1 - f0, p1 - p0, j->K, j->w + m * j->K, j->K, b + g * j->K * ldb + p0, ldb, c, ldc);
