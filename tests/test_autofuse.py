@@ -108,6 +108,20 @@ def pooled():
                   [("x", X)], [("y", X), ("t", [1, 8, 1, 1])])
 
 
+def softmax_alone():
+    """A classifier's last Softmax (opset 11: over the flattened axes from 1 on), a node alone:
+    fused all the same, since numpy takes several passes over its rows."""
+    return _model([_n("Softmax", ["x"], ["y"], axis=1)], [("x", [1, 1000, 1, 1])], [("y", [1, 1000, 1, 1])],
+                  opset=11)
+
+
+def layernorm_alone():
+    """LayerNormalization as one node (opset 17), alone."""
+    d = 48
+    return _model([_n("LayerNormalization", ["x", "g", "b"], ["y"], axis=-1, epsilon=1e-5)], [("x", [2, 5, d])],
+                  [("y", [2, 5, d])], [("g", 1 + 0.1 * RNG.standard_normal(d)), ("b", 0.1 * RNG.standard_normal(d))])
+
+
 CHAINS = {
     "hardsigmoid_mul": (hardsigmoid_mul, ["Relu+HardSigmoid+Mul"]),
     "hardswish_arithmetic": (hardswish_arithmetic, ["Add+Clip+Div+Mul"]),
@@ -117,6 +131,8 @@ CHAINS = {
     "masked_softmax": (masked_softmax, ["Add+Softmax"]),
     "gelu_residual": (gelu_residual, ["Gelu+Add"]),
     "pooled": (pooled, ["Sigmoid+Mul+GlobalAveragePool+Tanh"]),
+    "softmax_alone": (softmax_alone, ["Softmax"]),
+    "layernorm_alone": (layernorm_alone, ["LayerNormalization"]),
 }
 
 
