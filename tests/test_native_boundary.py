@@ -86,6 +86,8 @@ def _calls() -> dict:
         bindings.MATMUL: [_f32(3, 4), _f32(4, 5), _f32(5), _f32(3, 5), 1, 3, 5, 4, 4, 5, 5, 0, 0, 0, 0, 0, 1,
                           0, 0.0, 0.0],
         bindings.GELU: [_f32(100), _f32(100), cdf, slope, 100, 1],
+        # 2 images of 5 channels, windows of 2 below and 2 above, 7 pixels split over two threads
+        bindings.LRN: [_f32(2, 5, 7), _f32(2, 5, 7), 2, 5, 7, 2, 2, 1e-4, 1.0, 2],
         # x[4, 24] * s[4, 1] then Relu, on two threads
         bindings.BINARY: [_f32(4, 24), _f32(4, 1), _f32(4, 24), 2, 4, 24, 4, 1, 2, 1, 0.0, 0.0],
         bindings.POOL_BUSY: [np.zeros(4, np.int64), 4],

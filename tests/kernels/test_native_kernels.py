@@ -545,6 +545,39 @@ def test_native_gelu_gives_the_numpy_paths_bits(native, threads, n, scale):
     np.testing.assert_allclose(got[6:], reference("Gelu", [x[6:]], {}, 20)[0], rtol=1e-6, atol=1e-7)
 
 
+def _lrn64(x: np.ndarray, size: int, alpha: float, bias: float, beta: float = 0.75) -> np.ndarray:
+    """LRN in float64, from its definition (onnx.reference's is off for even sizes and others)."""
+    sq, c = x.astype(np.float64) ** 2, x.shape[1]
+    window = np.stack([sq[:, max(0, i - (size - 1) // 2):min(c, i + size // 2 + 1)].sum(axis=1) for i in range(c)], 1)
+    return x / (bias + alpha / size * window) ** beta
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3], indirect=True)
+@SETTINGS
+@given(st.integers(1, 3), st.integers(1, 40), st.sampled_from([(5, 5), (1, 700), (3, 17, 31), (2, 2, 1)]),
+       st.sampled_from([1, 2, 3, 5, 9]), st.floats(1e-4, 2.0), st.floats(0.5, 3.0))
+def test_native_lrn_agrees_with_numpy_and_the_definition(native, threads, n, c, plane, size, alpha, bias):
+    """Every window size (even ones reach one channel further up than down), planes longer than
+    the loop's block of 512 pixels and shorter than a vector, images split between threads."""
+    x = randn(n, c, *plane) * np.float32(3)
+    attrs = {"size": size, "alpha": alpha, "beta": 0.75, "bias": bias}
+    before = native.calls().get("omrt_lrn_f32", 0)
+    got = run_kernel("LRN", [x], attrs, 13, native=native)[0]
+    assert native.calls().get("omrt_lrn_f32", 0) == before + 1
+    want = _lrn64(x, size, alpha, bias)
+    np.testing.assert_allclose(got, run_kernel("LRN", [x], attrs, 13)[0], rtol=3e-6, atol=1e-7 * np.abs(want).max())
+    np.testing.assert_allclose(got, want, rtol=3e-6, atol=1e-7 * np.abs(want).max())
+
+
+def test_native_lrn_takes_beta_three_quarters_only(native):
+    """Other powers stay on numpy's power (the models that use LRN all take 0.75)."""
+    x = randn(1, 6, 4, 4)
+    before = native.calls().get("omrt_lrn_f32", 0)
+    got = run_kernel("LRN", [x], {"size": 3, "beta": 0.5}, 13, native=native)[0]
+    assert native.calls().get("omrt_lrn_f32", 0) == before
+    np.testing.assert_allclose(got, _lrn64(x, 3, 1e-4, 1.0, 0.5), rtol=3e-6, atol=1e-7)
+
+
 @pytest.fixture
 def arith(native, monkeypatch):
     """The native library, with even the tiny outputs of these tests going to C; yields a

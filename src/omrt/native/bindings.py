@@ -167,6 +167,13 @@ GELU = Function(
     (Array("x", "n"), Array("y", "n", write=True), Array("cdf", "GELU_NODES"), Array("slope", "GELU_NODES"),
      Int("n"), Int("threads", 1)))
 
+LRN = Function(
+    "elementwise", "omrt_lrn_f32",
+    (Array("x", "N * C * P"), Array("y", "N * C * P", write=True), Int("N"), Int("C", 1), Int("P"), Int("below"),
+     Int("above"), Float("scale"), Float("bias"), Int("threads", 1)))
+"""Local response normalization across channels with beta 0.75; y is not x (a plan never puts an
+LRN's output over its input)."""
+
 ARITHMETIC = {"Add": 0, "Sub": 1, "Mul": 2, "Div": 3, "Max": 6, "Min": 7}
 """The ops omrt_binary_f32 computes, by code (csrc/elementwise.c)."""
 
@@ -198,5 +205,5 @@ LSTM = Function(
     requires=("dirs <= 2", "layout <= 1", "reverse <= 1"))
 
 FUNCTIONS = (USE_BLAS, POOL_BUSY, RUN_CALLS, GEMM_TILE, DWCONV2D, IM2COL2D, CONV2D, PCONV2D, POOL2D, GLOBAL_POOL, WINOGRAD,
-             MATMUL, PMATMUL, GELU, BINARY, COPY_BLOCKS, LSTM)
+             MATMUL, PMATMUL, GELU, LRN, BINARY, COPY_BLOCKS, LSTM)
 """Every exported C function, the library's entry point first."""

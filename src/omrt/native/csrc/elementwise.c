@@ -121,6 +121,59 @@ OMRT_EXPORT void omrt_gelu_f32(const float *x, float *y, const float *cdf, const
     split(gelu_run, &j, n, threads);
 }
 
+/* Pixels of one image LRN computes together: the channel rows a window reads stay in L1. */
+#define LRN_BLOCK 512
+
+typedef struct {
+    const float *x;
+    float *y;
+    int64_t C, P, below, above;
+    float scale, bias;
+} lrn_job;
+
+/* LRN (beta 0.75) of pixels [p0, p0 + n) of every channel of one image (x, y: C planes of P):
+ * each channel's window of squares summed in the order omrt.kernels.normalization.LRN adds them,
+ * then y = x * t^-0.75 with t = sum * scale + bias, as 1/sqrt(t) times its square root. */
+static OMRT_INLINE void lrn_pixels(const lrn_job *j, const float *x, float *y, int64_t p0, int64_t n) {
+    float acc[LRN_BLOCK];
+    for (int64_t c = 0; c < j->C; c++) {
+        for (int64_t i = 0; i < n; i++) acc[i] = 0.0f;
+        for (int64_t at = c - j->below; at <= c + j->above; at++) {
+            if (at < 0 || at >= j->C) continue;
+            const float *row = x + at * j->P + p0;
+            for (int64_t i = 0; i < n; i++) acc[i] += row[i] * row[i];
+        }
+        const float *xr = x + c * j->P + p0;
+        float *yr = y + c * j->P + p0;
+        for (int64_t i = 0; i < n; i++) {
+            const float t = acc[i] * j->scale + j->bias, r = 1.0f / sqrtf(t);
+            yr[i] = xr[i] * (r * sqrtf(r));
+        }
+    }
+}
+
+/* Pixels [lo, hi) of the flat (image, pixel) range, in blocks within one image each. */
+static OMRT_HOT void lrn_run(const void *p, int64_t lo, int64_t hi) {
+    const lrn_job *j = p;
+    for (int64_t q = lo; q < hi;) {
+        const int64_t image = q / j->P, p0 = q % j->P;
+        int64_t n = hi - q < j->P - p0 ? hi - q : j->P - p0;
+        n = n < LRN_BLOCK ? n : LRN_BLOCK;
+        lrn_pixels(j, j->x + image * j->C * j->P, j->y + image * j->C * j->P, p0, n);
+        q += n;
+    }
+}
+
+/* Local response normalization across channels, beta 0.75 (every model that uses LRN): y = x /
+ * (bias + scale * the sum of x^2 over channels c - below .. c + above)^0.75, x and y N images of
+ * C planes of P pixels (y is not x: the windows read x after y's first channels are written), on
+ * `threads` threads. `scale` is alpha / size. */
+OMRT_EXPORT void omrt_lrn_f32(const float *x, float *y, int64_t N, int64_t C, int64_t P, int64_t below,
+                              int64_t above, float scale, float bias, int64_t threads) {
+    lrn_job j = {.x = x, .y = y, .C = C, .P = P, .below = below, .above = above, .scale = scale, .bias = bias};
+    split(lrn_run, &j, N * P, threads);
+}
+
 /* The arithmetic ops (omrt.native.bindings.ARITHMETIC); SUB_FROM and DIV_INTO take their operands
  * swapped. MAX and MIN return a NaN operand (numpy's maximum and minimum). */
 enum { OP_ADD, OP_SUB, OP_MUL, OP_DIV, OP_SUB_FROM, OP_DIV_INTO, OP_MAX, OP_MIN };
