@@ -88,6 +88,8 @@ def _calls() -> dict:
         bindings.GELU: [_f32(100), _f32(100), cdf, slope, 100, 1],
         # 2 images of 5 channels, windows of 2 below and 2 above, 7 pixels split over two threads
         bindings.LRN: [_f32(2, 5, 7), _f32(2, 5, 7), 2, 5, 7, 2, 2, 1e-4, 1.0, 2],
+        # 3 planes of 2 x 5 rows, each element 2 x 3 times, over two threads
+        bindings.REPEAT2D: [_f32(3, 2, 5), _f32(3, 4, 15), 6, 5, 2, 3, 2],
         # x[4, 24] * s[4, 1] then Relu, on two threads
         bindings.BINARY: [_f32(4, 24), _f32(4, 1), _f32(4, 24), 2, 4, 24, 4, 1, 2, 1, 0.0, 0.0],
         bindings.POOL_BUSY: [np.zeros(4, np.int64), 4],
@@ -200,6 +202,7 @@ BROKEN_RULES = [
     (bindings.POOL_BUSY, 1, 65, r"requires n <= POOL_THREADS"),
     (bindings.GLOBAL_POOL, 4, 2, r"requires is_max <= 1"),
     (bindings.COPY_BLOCKS, 4, 3, r"requires pitch >= size"),
+    (bindings.REPEAT2D, 4, 3, r"y must hold rows \* kh \* W \* kw = 270 floats"),
     (bindings.LSTM, 9, 3, r"requires dirs <= 2"),
     (bindings.LSTM, 12, 6, r"proj must hold seq \* batch \* dirs \* 4 \* hidden = 288 floats"),
 ]

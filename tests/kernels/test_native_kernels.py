@@ -578,6 +578,42 @@ def test_native_lrn_takes_beta_three_quarters_only(native):
     np.testing.assert_allclose(got, _lrn64(x, 3, 1e-4, 1.0, 0.5), rtol=3e-6, atol=1e-7)
 
 
+def _resize_scales(shape: tuple[int, ...], factors: tuple[int, ...]) -> np.ndarray:
+    return np.array([1.0] * (len(shape) - len(factors)) + list(factors), np.float32)
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3], indirect=True)
+@pytest.mark.parametrize("shape,factors", [((1, 64, 10, 10), (2, 2)), ((2, 3, 5, 7), (4, 4)), ((1, 16, 3, 3), (8, 8)),
+                                           ((1, 2, 5, 1), (1, 3)), ((2, 3, 4, 6), (3, 1)), ((7, 33), (2, 5))])
+def test_native_nearest_upsampling_copies_numpys_bits(native, threads, shape, factors):
+    """Whole factors of the last two axes: every output element is its input's, bit for bit,
+    NaNs and signed zeros included (onnx.reference computes in float64 and spreads NaNs: it is
+    compared on finite inputs)."""
+    x = randn(*shape)
+    finite = run_kernel("Resize", [x, None, _resize_scales(shape, factors)], {"mode": "nearest"}, 19, native=native,
+                        const=[1, 2])[0]
+    np.testing.assert_array_equal(finite, reference("Resize", [x, None, _resize_scales(shape, factors)],
+                                                    {"mode": "nearest"}, 19)[0])
+    x.reshape(-1)[:3] = np.array([0x7FA00001, 0x80000000, 0xFFC00000], np.uint32).view(np.float32)[:x.size]
+    scales = _resize_scales(shape, factors)
+    before = native.calls().get("omrt_repeat2d_f32", 0)
+    got = run_kernel("Resize", [x, None, scales], {"mode": "nearest"}, 19, native=native, const=[1, 2])[0]
+    assert native.calls().get("omrt_repeat2d_f32", 0) == before + 1  # native, as the finite run before
+    want = run_kernel("Resize", [x, None, scales], {"mode": "nearest"}, 19, const=[1, 2])[0]
+    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
+@pytest.mark.parametrize("scales,attrs", [((1, 2, 2, 2), {"mode": "nearest"}),  # a channel axis repeated too
+                                          ((1, 1, 2, 2), {"mode": "linear"}),
+                                          ((1, 1, 1.5, 2), {"mode": "nearest"})])
+def test_other_resizes_stay_on_numpy(native, scales, attrs):
+    x, scales = randn(1, 2, 4, 4), np.array(scales, np.float32)
+    before = native.calls().get("omrt_repeat2d_f32", 0)
+    got = run_kernel("Resize", [x, None, scales], attrs, 19, native=native, const=[1, 2])[0]
+    assert native.calls().get("omrt_repeat2d_f32", 0) == before
+    np.testing.assert_allclose(got, reference("Resize", [x, None, scales], attrs, 19)[0], rtol=1e-5, atol=1e-6)
+
+
 @pytest.fixture
 def arith(native, monkeypatch):
     """The native library, with even the tiny outputs of these tests going to C; yields a

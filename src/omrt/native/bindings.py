@@ -191,6 +191,11 @@ COPY_BLOCKS = Function("elementwise", "omrt_copy_blocks_f32",
                         Int("blocks", 1), Int("size", 1), Int("pitch")), requires=("pitch >= size",))
 """A Concat input's blocks into the output, `pitch` floats apart; x and y must not overlap."""
 
+REPEAT2D = Function("elementwise", "omrt_repeat2d_f32",
+                    (Array("x", "rows * W"), Array("y", "rows * kh * W * kw", write=True), Int("rows"), Int("W"),
+                     Int("kh", 1), Int("kw", 1), Int("threads", 1)))
+"""Resize's nearest upsampling of float32 by whole factors of the last two axes."""
+
 _STATE = "dirs * batch * hidden"
 
 LSTM = Function(
@@ -205,5 +210,5 @@ LSTM = Function(
     requires=("dirs <= 2", "layout <= 1", "reverse <= 1"))
 
 FUNCTIONS = (USE_BLAS, POOL_BUSY, RUN_CALLS, GEMM_TILE, DWCONV2D, IM2COL2D, CONV2D, PCONV2D, POOL2D, GLOBAL_POOL, WINOGRAD,
-             MATMUL, PMATMUL, GELU, LRN, BINARY, COPY_BLOCKS, LSTM)
+             MATMUL, PMATMUL, GELU, LRN, BINARY, COPY_BLOCKS, REPEAT2D, LSTM)
 """Every exported C function, the library's entry point first."""

@@ -249,3 +249,34 @@ OMRT_EXPORT void omrt_binary_f32(const float *a, const float *b, float *y, int64
 OMRT_EXPORT void omrt_copy_blocks_f32(const float *x, float *y, int64_t blocks, int64_t size, int64_t pitch) {
     for (int64_t b = 0; b < blocks; b++) memcpy(y + b * pitch, x + b * size, (size_t)size * sizeof(float));
 }
+
+typedef struct {
+    const float *x;
+    float *y;
+    int64_t W, kh, kw;
+} repeat_job;
+
+/* Input rows [lo, hi) of the planes (W floats each, rows of every plane in order), each widened
+ * kw times into its first output row, then that row copied to the kh - 1 rows below it. */
+static OMRT_HOT void repeat_run(const void *p, int64_t lo, int64_t hi) {
+    const repeat_job *j = p;
+    const int64_t wide = j->W * j->kw;
+    for (int64_t r = lo; r < hi; r++) {
+        const float *row = j->x + r * j->W;
+        float *out = j->y + r * j->kh * wide;
+        if (j->kw == 2)
+            for (int64_t i = 0; i < j->W; i++) out[2 * i] = out[2 * i + 1] = row[i];
+        else
+            for (int64_t i = 0; i < j->W; i++)
+                for (int64_t k = 0; k < j->kw; k++) out[i * j->kw + k] = row[i];
+        for (int64_t k = 1; k < j->kh; k++) memcpy(out + k * wide, out, (size_t)wide * sizeof(float));
+    }
+}
+
+/* Nearest upsampling by whole factors of the last two axes: y (rows * kh x W * kw) holds each
+ * element of x (rows x W; rows: every plane's rows in order) kh x kw times, on `threads` threads. */
+OMRT_EXPORT void omrt_repeat2d_f32(const float *x, float *y, int64_t rows, int64_t W, int64_t kh, int64_t kw,
+                                   int64_t threads) {
+    repeat_job j = {.x = x, .y = y, .W = W, .kh = kh, .kw = kw};
+    split(repeat_run, &j, rows, threads);
+}
