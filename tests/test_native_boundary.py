@@ -90,6 +90,9 @@ def _calls() -> dict:
         bindings.LRN: [_f32(2, 5, 7), _f32(2, 5, 7), 2, 5, 7, 2, 2, 1e-4, 1.0, 2],
         # 3 planes of 2 x 5 rows, each element 2 x 3 times, over two threads
         bindings.REPEAT2D: [_f32(3, 2, 5), _f32(3, 4, 15), 6, 5, 2, 3, 2],
+        # 2x2 stride 2: 3 channels to 2 filters, Relu, over two threads
+        bindings.DECONV: [_f32(1, 3, 4, 5), _f32(3, 2, 2, 2), _f32(2), _f32(1, 2, 8, 10), 1, 3, 4, 5, 2, 2, 2, 1,
+                          0.0, 0.0],
         # x[4, 24] * s[4, 1] then Relu, on two threads
         bindings.BINARY: [_f32(4, 24), _f32(4, 1), _f32(4, 24), 2, 4, 24, 4, 1, 2, 1, 0.0, 0.0],
         bindings.POOL_BUSY: [np.zeros(4, np.int64), 4],
@@ -202,6 +205,7 @@ BROKEN_RULES = [
     (bindings.POOL_BUSY, 1, 65, r"requires n <= POOL_THREADS"),
     (bindings.GLOBAL_POOL, 4, 2, r"requires is_max <= 1"),
     (bindings.COPY_BLOCKS, 4, 3, r"requires pitch >= size"),
+    (bindings.DECONV, 9, 9, r"requires K <= 8"),  # the loop keeps 8 taps' sums
     (bindings.REPEAT2D, 4, 3, r"y must hold rows \* kh \* W \* kw = 270 floats"),
     (bindings.LSTM, 9, 3, r"requires dirs <= 2"),
     (bindings.LSTM, 12, 6, r"proj must hold seq \* batch \* dirs \* 4 \* hidden = 288 floats"),

@@ -614,6 +614,39 @@ def test_other_resizes_stay_on_numpy(native, scales, attrs):
     np.testing.assert_allclose(got, reference("Resize", [x, None, scales], attrs, 19)[0], rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("threads", [1, 2, 3], indirect=True)
+@pytest.mark.parametrize("n,c,h,w,m,k", [(1, 16, 10, 10, 16, 2), (2, 3, 5, 7, 1, 2), (1, 5, 3, 300, 4, 3),
+                                         (1, 1, 1, 1, 2, 8)])
+@pytest.mark.parametrize("bias,act", [(True, {}), (False, {"_act": "Relu"}), (True, ACTS["Clip"]),
+                                      (True, {"_act": "Sigmoid"})])  # the last applied by numpy after the loop
+def test_native_stride_k_convtranspose(native, threads, n, c, h, w, m, k, bias, act):
+    """Kernel = stride (unpadded): the native loop against the numpy path and onnx.reference,
+    rows longer than its block of 256 pixels, one pixel, one filter, activations fused."""
+    x, wt = randn(n, c, h, w), randn(c, m, k, k)
+    inputs = [x, wt] + ([randn(m)] if bias else [])
+    attrs = {"kernel_shape": [k, k], "strides": [k, k]}
+    before = native.calls().get("omrt_deconv_f32", 0)
+    got = run_kernel("ConvTranspose", inputs, {**attrs, **act}, native=native)[0]
+    assert native.calls().get("omrt_deconv_f32", 0) == before + 1
+    want = run_kernel("ConvTranspose", inputs, {**attrs, **act})[0]
+    plain = reference("ConvTranspose", inputs, attrs)[0]
+    scale = np.abs(plain).max()
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6 * scale)
+    if act.get("_act") == "Sigmoid":
+        plain = 1 / (1 + np.exp(-plain))
+    np.testing.assert_allclose(got, _activated(plain, act.get("_act")), rtol=1e-5, atol=1e-6 * scale)
+
+
+@pytest.mark.parametrize("attrs", [{"kernel_shape": [3, 3], "strides": [2, 2]}, {"kernel_shape": [2, 2], "strides": [2, 2],
+                                   "pads": [1, 1, 1, 1]}, {"kernel_shape": [2, 2], "strides": [2, 2], "group": 2}])
+def test_overlapping_or_grouped_convtranspose_stays_on_numpy(native, attrs):
+    x, wt = randn(1, 4, 5, 5), randn(4, 2 // attrs.get("group", 1), *attrs["kernel_shape"])
+    before = native.calls().get("omrt_deconv_f32", 0)
+    got = run_kernel("ConvTranspose", [x, wt], attrs, native=native)[0]
+    assert native.calls().get("omrt_deconv_f32", 0) == before
+    np.testing.assert_array_equal(got, run_kernel("ConvTranspose", [x, wt], attrs)[0])
+
+
 @pytest.fixture
 def arith(native, monkeypatch):
     """The native library, with even the tiny outputs of these tests going to C; yields a

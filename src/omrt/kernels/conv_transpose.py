@@ -15,7 +15,9 @@ from typing import Sequence
 import numpy as np
 
 from ..errors import ShapeError
-from .base import FUSED_ACTIVATIONS, Kernel, OpContext, TensorInfo, apply_activation, register
+from ..native.bindings import DECONV, activation_code
+from . import parallel
+from .base import FUSED_ACTIVATIONS, Kernel, OpContext, TensorInfo, apply_activation, register, run_bound
 from .conv import _bias_view, _check_group, _check_ranks, _kernel_shape
 from .window import Window, _plan_chunks, _row_chunks, int_list, sliding_window, transposed_window, window_of
 
@@ -29,9 +31,14 @@ def _scatter(image: np.ndarray, cols: np.ndarray, moves: Sequence[tuple[tuple, t
 
 @register("ConvTranspose", since=1)
 class ConvTranspose(Kernel):
-    """N-d transposed convolution: one GEMM per group (W^T X) into column chunks, then col2im."""
+    """N-d transposed convolution: one GEMM per group (W^T X) into column chunks, then col2im.
+
+    A 2-d one whose kernel is its stride (a detector's 2x2 stride-2 upsampling; float32, one
+    group, unpadded) runs natively: each output pixel is one tap of one input pixel, so the C loop
+    sums the channels per tap and stores the taps interleaved, bias and activation applied."""
 
     fuses = frozenset(FUSED_ACTIVATIONS)
+    native_units = ("conv",)
 
     @classmethod
     def infer(cls, ctx: OpContext, inputs: Sequence[TensorInfo | None]) -> list[TensorInfo]:
@@ -71,11 +78,35 @@ class ConvTranspose(Kernel):
         self.step = _row_chunks(x.shape[2], row_bytes)
         self.chunks = _plan_chunks(self.win, self.step) if x.shape[2] else []
         self.workspace_bytes = row_bytes * self.step
+        self.native, self.act = None, activation_code(ctx.attrs)
+        k = kernel[0]
+        if (ctx.native is not None and x.dtype == np.float32 and nd == 2 and self.group == 1
+                and kernel == [k, k] and self.win.strides == (k, k) and self.win.dilations == (1, 1)
+                and not any(begin) and not any(end) and self.win.size == (x.shape[2] * k, x.shape[3] * k)):
+            self.native = ctx.native.get(DECONV)
 
     def workspace(self) -> int:
         return self.workspace_bytes
 
+    def bind(self, inputs, outputs, workspace):
+        return None if self.act is None else self._native_call(inputs, outputs, self.act)
+
+    def _native_call(self, inputs, outputs, act: tuple[int, float, float]) -> list | None:
+        """The native loop's call with activation `act`, or None where it does not apply."""
+        x, w, y = inputs[0], inputs[1], outputs[0]
+        b = inputs[2] if len(inputs) > 2 else None
+        if self.native is None or y.size == 0 or not all(a is None or a.flags.c_contiguous for a in (x, w, b, y)):
+            return None
+        n, c, h, width = x.shape
+        return [self.native.bind(x, w, b, y, n, c, h, width, y.shape[1], self.win.kernel[0],
+                                 parallel.native_threads(nbytes=y.nbytes), *act)]
+
     def run(self, inputs, outputs, workspace):
+        if run_bound(self.bind(inputs, outputs, workspace)):
+            return
+        if self.act is None and run_bound(self._native_call(inputs, outputs, (0, 0.0, 0.0))):
+            apply_activation(outputs[0], self.ctx)  # one the C loop does not apply (a Sigmoid)
+            return
         x, w = inputs[0], inputs[1]
         b = inputs[2] if len(inputs) > 2 else None
         y = outputs[0]

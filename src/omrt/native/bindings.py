@@ -191,6 +191,14 @@ COPY_BLOCKS = Function("elementwise", "omrt_copy_blocks_f32",
                         Int("blocks", 1), Int("size", 1), Int("pitch")), requires=("pitch >= size",))
 """A Concat input's blocks into the output, `pitch` floats apart; x and y must not overlap."""
 
+DECONV = Function(
+    "conv", "omrt_deconv_f32",
+    (Array("x", "N * C * H * W"), Array("w", "C * M * K * K"), Array("bias", "M", optional=True),
+     Array("y", "N * M * H * K * W * K", write=True), Int("N"), Int("C", 1), Int("H"), Int("W"), Int("M", 1),
+     Int("K", 1), Int("threads", 1), *_ACT),
+    requires=("K <= 8", _ACT_KNOWN))
+"""ConvTranspose whose kernel is its stride (K x K, unpadded, one group): no two taps meet."""
+
 REPEAT2D = Function("elementwise", "omrt_repeat2d_f32",
                     (Array("x", "rows * W"), Array("y", "rows * kh * W * kw", write=True), Int("rows"), Int("W"),
                      Int("kh", 1), Int("kw", 1), Int("threads", 1)))
@@ -210,5 +218,5 @@ LSTM = Function(
     requires=("dirs <= 2", "layout <= 1", "reverse <= 1"))
 
 FUNCTIONS = (USE_BLAS, POOL_BUSY, RUN_CALLS, GEMM_TILE, DWCONV2D, IM2COL2D, CONV2D, PCONV2D, POOL2D, GLOBAL_POOL, WINOGRAD,
-             MATMUL, PMATMUL, GELU, LRN, BINARY, COPY_BLOCKS, REPEAT2D, LSTM)
+             MATMUL, PMATMUL, GELU, LRN, BINARY, COPY_BLOCKS, REPEAT2D, DECONV, LSTM)
 """Every exported C function, the library's entry point first."""

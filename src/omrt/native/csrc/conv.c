@@ -371,3 +371,61 @@ OMRT_EXPORT void omrt_pconv2d_f32(const float *x, const float *panels, const flo
                           .K = C * KH * KW, .Fg = M);
     run_conv(&j, threads);
 }
+
+/* Input pixels a transposed convolution's row loop takes together, per output column tap. */
+#define DECONV_BLOCK 256
+
+typedef struct {
+    const float *x, *w, *bias;
+    float *y;
+    int64_t N, C, H, W, M, K, parts, act;
+    float alpha, beta;
+} deconv_job;
+
+/* The K output rows of input row `row` (image, filter, input row) of channel m: for each kh and
+ * block of input pixels, the K taps' sums over the channels, then stored interleaved (output
+ * column K * iw + kw), bias and activation applied. */
+static OMRT_INLINE void deconv_row(const deconv_job *j, int64_t row) {
+    const int64_t ih = row % j->H, m = row / j->H % j->M, n = row / j->H / j->M, K = j->K, W = j->W, OW = W * K;
+    const float *x = j->x + n * j->C * j->H * W + ih * W;
+    float *y = j->y + ((n * j->M + m) * j->H + ih) * K * OW;
+    const float b = j->bias ? j->bias[m] : 0.0f;
+    float acc[8][DECONV_BLOCK];
+    for (int64_t kh = 0; kh < K; kh++)
+        for (int64_t i0 = 0; i0 < W; i0 += DECONV_BLOCK) {
+            const int64_t nb = W - i0 < DECONV_BLOCK ? W - i0 : DECONV_BLOCK;
+            for (int64_t kw = 0; kw < K; kw++)
+                for (int64_t i = 0; i < nb; i++) acc[kw][i] = 0.0f;
+            for (int64_t c = 0; c < j->C; c++) {
+                const float *xr = x + c * j->H * W + i0, *tap = j->w + ((c * j->M + m) * K + kh) * K;
+                for (int64_t kw = 0; kw < K; kw++) {
+                    const float wv = tap[kw];
+                    for (int64_t i = 0; i < nb; i++) acc[kw][i] += wv * xr[i];
+                }
+            }
+            float *out = y + kh * OW + i0 * K;
+            for (int64_t i = 0; i < nb; i++)
+                for (int64_t kw = 0; kw < K; kw++) out[i * K + kw] = acc[kw][i] + b;
+            omrt_activate(out, nb * K, j->act, j->alpha, j->beta);
+        }
+}
+
+static OMRT_HOT void deconv_part(void *p, int64_t item, int64_t thread) {
+    const deconv_job *j = p;
+    (void)thread;
+    const int64_t rows = j->N * j->M * j->H;
+    for (int64_t r = omrt_part(rows, j->parts, item); r < omrt_part(rows, j->parts, item + 1); r++) deconv_row(j, r);
+}
+
+/* y (N, M, H*K, W*K) = the transposed convolution of x (N, C, H, W) by w (C, M, K, K) with stride
+ * K, unpadded (every output pixel takes one tap of one input pixel: a 2x2 stride-2 upsampling),
+ * plus bias (when not NULL), then the activation, on `threads` threads. */
+OMRT_EXPORT void omrt_deconv_f32(const float *x, const float *w, const float *bias, float *y, int64_t N, int64_t C,
+                                 int64_t H, int64_t W, int64_t M, int64_t K, int64_t threads, int64_t act, float alpha,
+                                 float beta) {
+    const int64_t rows = N * M * H;
+    deconv_job j = {.x = x, .w = w, .bias = bias, .y = y, .N = N, .C = C, .H = H, .W = W, .M = M, .K = K,
+                    .parts = threads > 1 ? (rows < 8 * threads ? rows : 8 * threads) : 1, .act = act,
+                    .alpha = alpha, .beta = beta};
+    omrt_parallel(deconv_part, &j, j.parts, threads);
+}
