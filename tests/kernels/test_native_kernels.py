@@ -578,6 +578,11 @@ def test_native_lrn_takes_beta_three_quarters_only(native):
     np.testing.assert_allclose(got, _lrn64(x, 3, 1e-4, 1.0, 0.5), rtol=3e-6, atol=1e-7)
 
 
+def test_native_lrn_leaves_an_input_without_channels_to_numpy(native):
+    """The C contract takes at least one channel: a refused call would fail the run."""
+    assert run_kernel("LRN", [randn(1, 0, 3, 3)], {"size": 3}, 13, native=native)[0].shape == (1, 0, 3, 3)
+
+
 def _resize_scales(shape: tuple[int, ...], factors: tuple[int, ...]) -> np.ndarray:
     return np.array([1.0] * (len(shape) - len(factors)) + list(factors), np.float32)
 
@@ -638,7 +643,8 @@ def test_native_stride_k_convtranspose(native, threads, n, c, h, w, m, k, bias, 
 
 
 @pytest.mark.parametrize("attrs", [{"kernel_shape": [3, 3], "strides": [2, 2]}, {"kernel_shape": [2, 2], "strides": [2, 2],
-                                   "pads": [1, 1, 1, 1]}, {"kernel_shape": [2, 2], "strides": [2, 2], "group": 2}])
+                                   "pads": [1, 1, 1, 1]}, {"kernel_shape": [2, 2], "strides": [2, 2], "group": 2},
+                                   {"kernel_shape": [9, 9], "strides": [9, 9]}])  # wider than the loop's sums
 def test_overlapping_or_grouped_convtranspose_stays_on_numpy(native, attrs):
     x, wt = randn(1, 4, 5, 5), randn(4, 2 // attrs.get("group", 1), *attrs["kernel_shape"])
     before = native.calls().get("omrt_deconv_f32", 0)

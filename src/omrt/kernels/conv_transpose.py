@@ -16,6 +16,7 @@ import numpy as np
 
 from ..errors import ShapeError
 from ..native.bindings import DECONV, activation_code
+from ..native.signature import CONSTANTS
 from . import parallel
 from .base import FUSED_ACTIVATIONS, Kernel, OpContext, TensorInfo, apply_activation, register, run_bound
 from .conv import _bias_view, _check_group, _check_ranks, _kernel_shape
@@ -80,9 +81,10 @@ class ConvTranspose(Kernel):
         self.workspace_bytes = row_bytes * self.step
         self.native, self.act = None, activation_code(ctx.attrs)
         k = kernel[0]
-        if (ctx.native is not None and x.dtype == np.float32 and nd == 2 and self.group == 1
-                and kernel == [k, k] and self.win.strides == (k, k) and self.win.dilations == (1, 1)
-                and not any(begin) and not any(end) and self.win.size == (x.shape[2] * k, x.shape[3] * k)):
+        stride_k = (kernel == [k, k] and k <= CONSTANTS["DECONV_MAX_K"] and self.win.strides == (k, k)
+                    and self.win.dilations == (1, 1) and not any(begin) and not any(end))
+        if (ctx.native is not None and x.dtype == np.float32 and nd == 2 and self.group == 1 and stride_k
+                and self.win.size == (x.shape[2] * k, x.shape[3] * k)):
             self.native = ctx.native.get(DECONV)
 
     def workspace(self) -> int:
@@ -95,7 +97,8 @@ class ConvTranspose(Kernel):
         """The native loop's call with activation `act`, or None where it does not apply."""
         x, w, y = inputs[0], inputs[1], outputs[0]
         b = inputs[2] if len(inputs) > 2 else None
-        if self.native is None or y.size == 0 or not all(a is None or a.flags.c_contiguous for a in (x, w, b, y)):
+        if (self.native is None or x.size == 0 or y.size == 0
+                or not all(a is None or a.flags.c_contiguous for a in (x, w, b, y))):
             return None
         n, c, h, width = x.shape
         return [self.native.bind(x, w, b, y, n, c, h, width, y.shape[1], self.win.kernel[0],

@@ -216,7 +216,7 @@ class LRN(_SameShape):
 
     def bind(self, inputs, outputs, workspace):
         x, y = inputs[0], outputs[0]
-        if self.native_lrn is None or not (x.flags.c_contiguous and y.flags.c_contiguous):
+        if self.native_lrn is None or x.size == 0 or not (x.flags.c_contiguous and y.flags.c_contiguous):
             return None
         below, above = (self.size - 1) // 2, -(-(self.size - 1) // 2)
         return [self.native_lrn.bind(x, y, x.shape[0], x.shape[1], numel(x.shape[2:]), below, above,

@@ -196,7 +196,7 @@ DECONV = Function(
     (Array("x", "N * C * H * W"), Array("w", "C * M * K * K"), Array("bias", "M", optional=True),
      Array("y", "N * M * H * K * W * K", write=True), Int("N"), Int("C", 1), Int("H"), Int("W"), Int("M", 1),
      Int("K", 1), Int("threads", 1), *_ACT),
-    requires=("K <= 8", _ACT_KNOWN))
+    requires=("K <= DECONV_MAX_K", _ACT_KNOWN))
 """ConvTranspose whose kernel is its stride (K x K, unpadded, one group): no two taps meet."""
 
 REPEAT2D = Function("elementwise", "omrt_repeat2d_f32",

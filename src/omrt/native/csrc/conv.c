@@ -372,8 +372,10 @@ OMRT_EXPORT void omrt_pconv2d_f32(const float *x, const float *panels, const flo
     run_conv(&j, threads);
 }
 
-/* Input pixels a transposed convolution's row loop takes together, per output column tap. */
+/* Input pixels a transposed convolution's row loop takes together, per output column tap, and
+ * the widest kernel it takes (the sums of each of its taps are on the stack). */
 #define DECONV_BLOCK 256
+#define DECONV_MAX_K 8
 
 typedef struct {
     const float *x, *w, *bias;
@@ -390,7 +392,7 @@ static OMRT_INLINE void deconv_row(const deconv_job *j, int64_t row) {
     const float *x = j->x + n * j->C * j->H * W + ih * W;
     float *y = j->y + ((n * j->M + m) * j->H + ih) * K * OW;
     const float b = j->bias ? j->bias[m] : 0.0f;
-    float acc[8][DECONV_BLOCK];
+    float acc[DECONV_MAX_K][DECONV_BLOCK];
     for (int64_t kh = 0; kh < K; kh++)
         for (int64_t i0 = 0; i0 < W; i0 += DECONV_BLOCK) {
             const int64_t nb = W - i0 < DECONV_BLOCK ? W - i0 : DECONV_BLOCK;
