@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 import re
+import sys
 
 import numpy as np
 import pytest
@@ -116,3 +118,42 @@ def test_cli_profile_prints_each_threads_busy_time_and_the_idle_share(conv_om):
     assert re.search(r"\n  Transpose +[0-9.]+ ms +[0-9.]+% +0\.000 +0\.000 +100\.0%", text)
     assert "whole run:" in text and "idle" in text.split("whole run:")[1]
     assert "leaves threads t1+ idle" in text
+
+
+def _workers() -> list[int]:
+    """The thread ids of omrt's native workers in this process (named omrt-worker)."""
+    tids = []
+    for tid in os.listdir("/proc/self/task"):
+        with contextlib.suppress(OSError), open(f"/proc/self/task/{tid}/comm") as f:
+            if f.read().strip() == "omrt-worker":
+                tids.append(int(tid))
+    return tids
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or len(os.sched_getaffinity(0)) < 2,
+                    reason="needs Linux and two cores")
+def test_a_worker_on_its_callers_core_moves_off_it(conv_om):
+    model = omrt.load(conv_om, trust_kernels=True)
+    if model.native is None:
+        pytest.skip("no native library for this host")
+    omrt.set_num_threads(2)
+    sess = model.session()
+    feeds = _feeds()
+    want = sess.run(feeds)["y"].copy()
+    workers = _workers()
+    assert workers, "the native pool's threads are named omrt-worker"
+    allowed = os.sched_getaffinity(0)
+    core = min(allowed)
+    try:
+        os.sched_setaffinity(0, {core})
+        for tid in workers:
+            os.sched_setaffinity(tid, {core})
+        for _ in range(TRIES):
+            np.testing.assert_array_equal(sess.run(feeds)["y"], want)
+            moved = [tid for tid in workers if core not in os.sched_getaffinity(tid)]
+            if moved:
+                break
+        assert moved, "a worker woken on its caller's core stays there"
+        assert all(os.sched_getaffinity(tid) == allowed - {core} for tid in moved)
+    finally:
+        os.sched_setaffinity(0, allowed)

@@ -9,12 +9,18 @@
  * items itself. A forked child starts with no workers and makes new ones on first use. The
  * library is never unloaded (see omrt.native.loader), so the workers live as long as the process.
  *
+ * A worker never shares its caller's core: the scheduler may wake it there and leave both there
+ * (seen on a 2-core machine, where runs on 2 threads then took 1.1x as long as on 1 for seconds
+ * on end), so a worker that finds itself on the core its caller submitted the job from moves to the
+ * others the process may use (keep_off). The caller's own thread is never pinned. Workers are
+ * named omrt-worker (top -H, perf and /proc show them by that name).
+ *
  * Each thread adds the time of its share of a job to a counter of its own (thread 0: the caller;
  * items a call runs alone, without the pool, count for no thread), two clock reads per thread
  * per call, so the counters are always on: a profile reads them between tasks (omrt_pool_busy)
  * to tell how busy each core was during each op.
  */
-#define _POSIX_C_SOURCE 200809L
+#define _GNU_SOURCE
 #include "omrt_gemm.h"
 
 #include <pthread.h>
@@ -56,8 +62,12 @@ static struct {
     _Atomic(job_t *) current;
     _Atomic uint64_t epoch;
     _Atomic int sleepers, active;
+    _Atomic int caller_cpu; /* the core the latest job was submitted from, or -1 if unknown */
     int workers;
     pthread_t threads[MAX_WORKERS];
+#ifdef __linux__
+    cpu_set_t allowed; /* the cores the caller could use when it made the workers */
+#endif
 } P = {.busy = PTHREAD_MUTEX_INITIALIZER, .sleep_lock = PTHREAD_MUTEX_INITIALIZER, .wake = PTHREAD_COND_INITIALIZER};
 
 /* Nanoseconds each pool thread spent on its shares of jobs, one cache line each: each worker
@@ -114,6 +124,27 @@ static uint64_t wait_for_job(uint64_t seen) {
     return e;
 }
 
+/* Move the calling worker off core `cpu` (its caller's) if it is on it, to the other cores the
+ * process was allowed when the pool was made; nothing when there is no other. */
+static void keep_off(int cpu) {
+#ifdef __linux__
+    if (cpu < 0 || sched_getcpu() != cpu) return;
+    cpu_set_t others = P.allowed;
+    CPU_CLR(cpu, &others);
+    if (CPU_COUNT(&others) > 0) sched_setaffinity(0, sizeof others, &others);
+#else
+    (void)cpu;
+#endif
+}
+
+static int current_cpu(void) {
+#ifdef __linux__
+    return sched_getcpu();
+#else
+    return -1;
+#endif
+}
+
 /* A worker registers as active before it looks at the job, and the caller clears the job and
  * waits for the active count to drop before it returns: no worker touches a finished job. */
 static void *worker(void *arg) {
@@ -121,6 +152,7 @@ static void *worker(void *arg) {
     uint64_t seen = atomic_load(&P.epoch);
     for (;;) {
         seen = wait_for_job(seen);
+        keep_off(atomic_load(&P.caller_cpu));
         atomic_fetch_add(&P.active, 1);
         job_t *j = atomic_load(&P.current);
         if (j != NULL && thread < j->width) take_items(j, thread);
@@ -150,10 +182,18 @@ void omrt_parallel(omrt_item_fn fn, void *ctx, int64_t count, int64_t threads) {
         for (int64_t i = 0; i < count; i++) fn(ctx, i, 0);
         return;
     }
+#ifdef __linux__
+    if (P.workers == 0 && sched_getaffinity(0, sizeof P.allowed, &P.allowed) != 0) CPU_ZERO(&P.allowed);
+#endif
     while (P.workers < width - 1 &&
-           pthread_create(&P.threads[P.workers], NULL, worker, (void *)(intptr_t)(P.workers + 1)) == 0)
+           pthread_create(&P.threads[P.workers], NULL, worker, (void *)(intptr_t)(P.workers + 1)) == 0) {
+#ifdef __linux__
+        pthread_setname_np(P.threads[P.workers], "omrt-worker");
+#endif
         P.workers++;
+    }
     job_t j = {.fn = fn, .ctx = ctx, .count = count, .width = P.workers + 1 < width ? P.workers + 1 : width};
+    atomic_store(&P.caller_cpu, current_cpu());
     atomic_store(&P.current, &j);
     atomic_fetch_add(&P.epoch, 1);
     if (atomic_load(&P.sleepers) > 0) {
