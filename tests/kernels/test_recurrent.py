@@ -161,17 +161,24 @@ def test_lstm_input_forget_with_peepholes():
     compare_ort("LSTM", make_inputs("LSTM", peepholes=True), attrs_for("forward", input_forget=1))
 
 
-def run_lstm(ins, attrs, present=(True, True, True), native=None) -> list[np.ndarray | None]:
-    """The LSTM kernel's outputs, with only the `present` ones handed to it (None for the others)."""
-    kernel_cls = lookup("LSTM", 14)
-    ctx = OpContext(attrs, 14, "test", "LSTM", n_outputs=3, native=native)
+def run_recurrent(op, ins, attrs, present=None, native=None) -> list[np.ndarray | None]:
+    """The kernel's outputs, with only the `present` ones (default: all) handed to it (None for
+    the others)."""
+    kernel_cls = lookup(op, 14)
+    ctx = OpContext(attrs, 14, "test", op, n_outputs=n_out(op), native=native)
     infos = [None if a is None else TensorInfo(a.dtype, a.shape) for a in ins]
     outs = kernel_cls.infer(ctx, infos)
     kernel = kernel_cls(ctx, infos, outs)
     ws = np.empty(kernel.workspace(), np.uint8)
+    present = present or (True,) * len(outs)
     results = [np.full(o.shape, np.nan, o.dtype) if p else None for o, p in zip(outs, present)]
     kernel.run(ins, results, ws)
     return results
+
+
+def run_lstm(ins, attrs, present=(True, True, True), native=None) -> list[np.ndarray | None]:
+    """The LSTM kernel's outputs, with only the `present` ones handed to it (None for the others)."""
+    return run_recurrent("LSTM", ins, attrs, present, native)
 
 
 def test_optional_outputs_may_be_missing():
@@ -275,3 +282,18 @@ def test_lstm_cases_the_native_loop_leaves_to_numpy(native, attrs, lens):
     assert native.calls().get(NATIVE, 0) == before
     for g, w in zip(got, compare_ort("LSTM", ins, attrs)):
         np.testing.assert_array_equal(g, w)
+
+
+@pytest.mark.parametrize("threads", [1, 2], indirect=True)
+@pytest.mark.parametrize("op", ["RNN", "GRU", "LSTM"])
+@pytest.mark.parametrize("layout", [0, 1])
+def test_the_input_projection_runs_on_the_native_workers(native, threads, op, layout):
+    """X @ W^T of the whole sequence is one native product when X is a matrix BLAS reads in place
+    (layout 0); batch-first X (layout 1) is read as a strided stack, by numpy."""
+    ins = make_inputs(op, seq=7, batch=3, inp=19, hidden=8, dirs=2, layout=layout)
+    attrs = attrs_for("bidirectional", 8, layout=layout)
+    before = native.calls().get("omrt_matmul_f32", 0)
+    got = run_recurrent(op, ins, attrs, native=native)
+    assert native.calls().get("omrt_matmul_f32", 0) == before + (layout == 0)
+    for g, w in zip(got, reference(op, ins, attrs, opset=14, n_outputs=n_out(op))):
+        assert scaled_error(g, w) < 1e-5

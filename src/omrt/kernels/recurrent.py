@@ -1,7 +1,8 @@
 """Recurrent kernels: RNN, GRU and LSTM on one base (directions, layouts, sequence lengths, activations).
 
-The input projection X @ W^T + biases of every time step and direction is one matmul into the
-workspace; the time loop then only multiplies the hidden state by R, gate by gate in place, in
+The input projection X @ W^T + biases of every time step and direction is one matrix product into
+the workspace (on the native workers, split over omrt's threads, when the model has the linalg
+unit and the operands are float32 matrices BLAS reads in place); the time loop then only multiplies the hidden state by R, gate by gate in place, in
 small scratch arrays carved from the workspace. LSTM runs its time loop in C (csrc/recurrent.c)
 when the model has it and the layer is its common case.
 """
@@ -17,6 +18,7 @@ from ..native.bindings import LSTM as NATIVE_LSTM
 from ..native.signature import CONSTANTS
 from . import parallel
 from .base import Kernel, OpContext, TensorInfo, carve, carve_size, register
+from .linalg import _Product
 
 Activation = Callable[[np.ndarray], None]
 """Applies an activation to an array in place."""
@@ -121,6 +123,7 @@ class _Recurrent(Kernel):
     """
 
     gates: ClassVar[int]
+    native_units = ("linalg",)
     default_activations: ClassVar[tuple[str, ...]]
     states: ClassVar[int] = 1
     scratch: ClassVar[tuple[int, ...]]
@@ -186,6 +189,13 @@ class _Recurrent(Kernel):
         self.specs = ([((seq, batch, self.dirs * self.gates * h), dtype)] + [((batch, h), dtype)] * self.states
                       + [((batch, k * h), dtype) for k in self.scratch])
         """The projection (every direction's gates side by side), the states, the scratch."""
+        dims = (seq, batch, inputs[0].shape[-1], self.dirs * self.gates * h)
+        self.product = None
+        """X (every step's rows) @ W^T as one product, on the native workers where it can be; None:
+        numpy's matmul (other dtypes, symbolic dims)."""
+        if dtype == np.float32 and all(isinstance(d, int) for d in dims):
+            rows, width, gates = seq * batch, dims[2], dims[3]
+            self.product = _Product((rows, width), (width, gates), (rows, gates), dtype, ctx=ctx, fuse=False)
 
     def workspace(self) -> int:
         return carve_size(*self.specs)
@@ -222,7 +232,9 @@ class _Recurrent(Kernel):
         the whole sequence and both directions (of two 2-d matrices when X allows: numpy would
         take a stack of them one by one)."""
         wt = w.reshape(-1, w.shape[-1]).T
-        if xs.flags.c_contiguous:
+        if xs.flags.c_contiguous and self.product is not None:
+            self.product(xs.reshape(-1, xs.shape[-1]), wt, proj.reshape(-1, proj.shape[-1]), None)
+        elif xs.flags.c_contiguous:
             np.matmul(xs.reshape(-1, xs.shape[-1]), wt, out=proj.reshape(-1, proj.shape[-1]))
         else:
             np.matmul(xs, wt, out=proj)
@@ -366,7 +378,7 @@ class LSTM(_Recurrent):
     default_activations = ("Sigmoid", "Tanh", "Tanh")
     states = 2
     scratch = (4, 1, 1)
-    native_units = ("recurrent",)
+    native_units = ("recurrent", "linalg")
 
     def __init__(self, ctx: OpContext, inputs: Sequence[TensorInfo | None],
                  outputs: Sequence[TensorInfo]) -> None:
