@@ -21,6 +21,7 @@ import numpy as np
 
 from ..memory import align
 from ..native.bindings import WINOGRAD, activation_code
+from ..native.signature import CONSTANTS
 from . import parallel
 from .base import OpContext, TensorInfo, register, run_bound
 from .conv import Conv
@@ -166,8 +167,9 @@ class WinogradConv(Conv):
         return v, v + self._products(self.filters, per_chunk) + self._rows(per_chunk), per_chunk, 0
 
     def _transformed(self, channels: int, tiles: int) -> int:
-        """Bytes of V over `tiles` tiles: its elements, each in strips of STRIP tiles (padded)."""
-        return align(self.elements * channels * -(-tiles // STRIP) * STRIP * 4)
+        """Bytes of V over `tiles` tiles: its elements, each in strips of STRIP tiles (padded), then
+        WINOGRAD_SKEW floats (csrc/winograd.c says why)."""
+        return align(self.elements * (channels * -(-tiles // STRIP) * STRIP + CONSTANTS["WINOGRAD_SKEW"]) * 4)
 
     def bind(self, inputs, outputs, workspace):
         x, y = inputs[0], outputs[0]
