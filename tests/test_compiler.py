@@ -409,17 +409,18 @@ def test_plans_for_must_name_the_symbolic_inputs_with_their_declared_rank(tmp_pa
         omrt.compile(fixed, str(tmp_path / "d.om"), shapes_for=[{"x": (2, 4)}])
 
 
-def _shuffle_model(conv_groups: int, shuffle_groups: int, perm: list[int]) -> onnx.ModelProto:
-    """A grouped 1x1 Conv with Relu (12 -> 12 channels, 5x5), then ShuffleNet's channel shuffle
-    across `shuffle_groups` groups (with Transpose `perm`), then Exp."""
-    w = numpy_helper.from_array(RNG.standard_normal((12, 12 // conv_groups, 1, 1)).astype(np.float32), "w")
-    split = numpy_helper.from_array(np.array([1, shuffle_groups, 12 // shuffle_groups, 5, 5], np.int64), "split")
-    back = numpy_helper.from_array(np.array([1, 12, 5, 5], np.int64), "back")
+def shuffle_model(conv_groups: int, shuffle_groups: int, perm: list[int], channels: int = 12) -> onnx.ModelProto:
+    """A grouped 1x1 Conv with Relu (`channels` -> `channels`, 5x5), then ShuffleNet's channel
+    shuffle across `shuffle_groups` groups (with Transpose `perm`), then Exp."""
+    c = channels
+    w = numpy_helper.from_array(RNG.standard_normal((c, c // conv_groups, 1, 1)).astype(np.float32) / c, "w")
+    split = numpy_helper.from_array(np.array([1, shuffle_groups, c // shuffle_groups, 5, 5], np.int64), "split")
+    back = numpy_helper.from_array(np.array([1, c, 5, 5], np.int64), "back")
     nodes = [helper.make_node("Conv", ["x", "w"], ["c"], group=conv_groups), helper.make_node("Relu", ["c"], ["r"]),
              helper.make_node("Reshape", ["r", "split"], ["s"]), helper.make_node("Transpose", ["s"], ["t"], perm=perm),
              helper.make_node("Reshape", ["t", "back"], ["u"]), helper.make_node("Exp", ["u"], ["y"])]
-    return _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 12, 5, 5])],
-                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 12, 5, 5])], [w, split, back])
+    return _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c, 5, 5])],
+                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, c, 5, 5])], [w, split, back])
 
 
 @pytest.mark.parametrize("conv_groups, shuffle_groups, perm, folds", [
@@ -429,7 +430,7 @@ def _shuffle_model(conv_groups: int, shuffle_groups: int, perm: list[int]) -> on
     (1, 3, [0, 2, 1, 3, 4], False)])  # no groups to shuffle
 def test_a_channel_shuffle_after_its_grouped_conv_folds_into_it(tmp_path, conv_groups, shuffle_groups, perm, folds):
     x = RNG.standard_normal((1, 12, 5, 5)).astype(np.float32)
-    res = _run_both(_shuffle_model(conv_groups, shuffle_groups, perm), {"x": x}, tmp_path)
+    res = _run_both(shuffle_model(conv_groups, shuffle_groups, perm), {"x": x}, tmp_path)
     ops = [n.op_type for n in res.graph.nodes]
     assert (ops == ["ShuffledConv", "Exp"]) == folds, ops
     assert ("Transpose" in ops) != folds

@@ -14,6 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
+from onnx.reference import ReferenceEvaluator
 
 from kernel_check import randn, reference
 import omrt
@@ -23,12 +24,13 @@ from test_native_kernels import ACTS, _activated
 
 
 def _kernel(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, attrs: dict, native,
-            residual: np.ndarray | None = None) -> packed.PackedConv:
-    panels = packed.pack_panels(w)
+            residual: np.ndarray | None = None, shuffled: bool = False) -> packed.PackedConv:
+    panels = packed.pack_panels(w, attrs.get("group", 1))
     ctx = OpContext(attrs, 1, name="t", op_type="PackedConv", native=native)
     infos = [TensorInfo(x.dtype, x.shape), TensorInfo(w.dtype, w.shape),
              None if bias is None else TensorInfo(bias.dtype, bias.shape), TensorInfo(panels.dtype, panels.shape)]
     cls = packed.PackedConv if residual is None else packed.PackedResidualConv
+    cls = packed.PackedShuffledConv if shuffled else cls
     if residual is not None:
         infos.append(TensorInfo(residual.dtype, residual.shape))
     return cls(ctx, infos, cls.infer(ctx, infos[:4]))
@@ -41,9 +43,17 @@ def _run(kernel: packed.PackedConv, x, w, bias, residual: np.ndarray | None = No
     y = np.full(kernel.outputs[0].shape, np.nan, np.float32)
     if over_residual:
         y = residual = residual.copy()
-    inputs = [x, w, bias, packed.pack_panels(w)] + ([] if residual is None else [residual])
+    inputs = [x, w, bias, packed.pack_panels(w, kernel.group)] + ([] if residual is None else [residual])
     kernel.run(inputs, [y], np.full(kernel.workspace(), 0xCD, np.uint8))
     return y
+
+
+def test_each_group_has_panels_of_its_own():
+    w = randn(14, 3, 1, 1)
+    panels = packed.pack_panels(w, 2)
+    assert panels.shape == (2, 3, packed.PANEL)
+    np.testing.assert_array_equal(panels[0], packed.pack_panels(w[:7])[0])
+    np.testing.assert_array_equal(panels[1], packed.pack_panels(w[7:])[0])
 
 
 def test_panels_hold_twelve_filters_per_tap_and_zeros_past_the_last():
@@ -68,7 +78,8 @@ def test_strips_hold_thirty_two_columns_per_row_and_zeros_past_the_last():
 def test_only_dense_2d_float_layers_with_a_c_activation_are_packed():
     x, w = TensorInfo(np.dtype(np.float32), (1, 8, 6, 6)), randn(4, 8, 3, 3)
     assert packed.eligible({}, x, w) and packed.eligible({"strides": [2, 2], "_act": "Clip"}, x, w)
-    assert not packed.eligible({"group": 2}, x, randn(4, 4, 3, 3))
+    assert not packed.eligible({"group": 2}, x, randn(4, 4, 3, 3))  # groups of 2 filters
+    assert packed.eligible({"group": 2}, x, randn(12, 4, 3, 3))
     assert not packed.eligible({"_act": "Sigmoid"}, x, w)
     assert not packed.eligible({}, TensorInfo(np.dtype(np.float32), (1, 8, 6)), randn(4, 8, 3))
     assert not packed.eligible({}, TensorInfo(np.dtype(np.float64), (1, 8, 6, 6)), w.astype(np.float64))
@@ -126,7 +137,8 @@ def test_long_products_keep_bias_residual_and_activation(native, monkeypatch, c,
     omrt.set_num_threads(threads)
     try:
         kernel = _kernel(x, weight, b, {**attrs, **ACTS[act]}, native, r)
-        assert kernel.native_packed is not None or packed.gemm_tile(native) == 0
+        positions = np.prod(kernel.outputs[0].shape[2:])
+        assert (kernel.native_packed is not None) == (positions >= packed.MIN_POSITIONS and packed.gemm_tile(native) > 0)
         ys = [_run(kernel, x, weight, b, r, over_residual) for over_residual in (False, True)]
     finally:
         omrt.set_num_threads(1)
@@ -378,3 +390,47 @@ def test_a_residual_convs_output_is_planned_over_the_residual_it_ends(native, tm
     step = next(s for s in sess._executor.instructions if s.node.op_type == "PackedResidualConv")
     assert step.outputs[0].__array_interface__["data"] == step.inputs[packed.RESIDUAL].__array_interface__["data"]
     assert (step.kernel.native_packed is not None) == (trusted and packed.gemm_tile(native) > 0)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.integers(2, 4), st.integers(1, 12), st.integers(packed.MIN_GROUP_FILTERS, 30), st.integers(4, 20),
+       st.sampled_from([1, 3]), st.integers(1, 2), st.booleans(), st.integers(1, 2), st.booleans(),
+       st.sampled_from(sorted(ACTS, key=str)))
+def test_grouped_and_shuffled_packed_convs_match_reference(native, monkeypatch, group, per_group, filters, size, k,
+                                                           stride, shuffled, threads, bias, act):
+    """Each group's panels multiply its own channels (1x1 layers read them in place, others gather
+    them) and, shuffled as ShuffleNet does, write filter f of group g to channel f * group + g."""
+    x, weight = randn(1, group * per_group, size, size), randn(group * filters, per_group, k, k)
+    b = randn(group * filters) if bias else None
+    attrs = {"group": group, "pads": [k // 2] * 4, "strides": [stride, stride]}
+    want = reference("Conv", [x, weight] + ([b] if bias else []), attrs)[0]
+    if shuffled:
+        n, m, h, w = want.shape
+        want = want.reshape(n, group, m // group, h, w).transpose(0, 2, 1, 3, 4).reshape(want.shape)
+    monkeypatch.setattr(parallel, "NATIVE_SPLIT_FLOPS", 0)
+    omrt.set_num_threads(threads)
+    try:
+        kernel = _kernel(x, weight, b, {**attrs, **ACTS[act]}, native, shuffled=shuffled)
+        positions = np.prod(kernel.outputs[0].shape[2:])
+        assert (kernel.native_packed is not None) == (positions >= packed.MIN_POSITIONS and packed.gemm_tile(native) > 0)
+        y = _run(kernel, x, weight, b)
+    finally:
+        omrt.set_num_threads(1)
+    want = _activated(want, act)
+    np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-4 * max(1.0, float(np.abs(want).max())))
+
+
+@pytest.mark.parametrize("trusted", [True, False])
+def test_a_shuffled_conv_with_groups_of_panels_compiles_packed_and_runs_as_itself_untrusted(native, tmp_path, trusted):
+    from test_compiler import shuffle_model
+
+    model = shuffle_model(2, 2, [0, 2, 1, 3, 4], channels=24)  # groups of 12 filters, 25 positions
+    path = str(tmp_path / "s.om")
+    res = omrt.compile(model, path, autofuse=False)
+    assert [n.op_type for n in res.graph.nodes] == ["PackedShuffledConv", "Exp"]
+    x = randn(1, 24, 5, 5)
+    loaded = omrt.load(path, trust_kernels=trusted)
+    got = loaded.session().run({"x": x})["y"]
+    assert (loaded.native is not None and loaded.native.calls().get("omrt_pconv2d_f32", 0) > 0) == trusted
+    (want,) = ReferenceEvaluator(model).run(None, {"x": x})
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * float(np.abs(want).max()))

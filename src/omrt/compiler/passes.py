@@ -562,10 +562,12 @@ def _derive_weight(graph: Graph, node: Node, op_type: str, suffix: str, derive: 
     graph.opsets.setdefault("omrt", 1)
 
 
-def _convs(graph: Graph) -> Iterator[tuple[Node, np.ndarray]]:
-    """The plain Convs with constant filters, and their filters."""
+def _convs(graph: Graph, shuffled: bool = False) -> Iterator[tuple[Node, np.ndarray]]:
+    """The plain Convs (and with `shuffled`, the omrt::ShuffledConvs) with constant filters, and
+    their filters."""
     for node in graph.nodes:
-        plain = node.op_type == "Conv" and not node.domain and len(node.inputs) > 1
+        kind = (node.op_type, node.domain or "")
+        plain = (kind == ("Conv", "") or (shuffled and kind == ("ShuffledConv", "omrt"))) and len(node.inputs) > 1
         w = graph.constants.get(node.inputs[1]) if plain else None
         if w is not None:
             yield node, w
@@ -584,12 +586,14 @@ def use_winograd(graph: Graph) -> Graph:
 
 
 def use_packed_filters(graph: Graph) -> Graph:
-    """Rewrite the dense 2-d Convs left after use_winograd as omrt::PackedConv, adding their
-    filters packed for omrt's own GEMM as weights (see omrt.kernels.packed). Only worth it when
-    the native library is packed."""
-    for node, w in list(_convs(graph)):
+    """Rewrite the 2-d Convs left after use_winograd as omrt::PackedConv (ShuffledConvs as
+    omrt::PackedShuffledConv), adding their filters packed for omrt's own GEMM, group by group, as
+    weights (see omrt.kernels.packed). Only worth it when the native library is packed."""
+    for node, w in list(_convs(graph, shuffled=True)):
         if packed.eligible(node.attrs, graph.infos[node.inputs[0]], w):
-            _derive_weight(graph, node, "PackedConv", "__panels", packed.pack_panels)
+            group = int(node.attrs.get("group", 1))
+            _derive_weight(graph, node, f"Packed{node.op_type}", "__panels" if group == 1 else f"__panels{group}",
+                           lambda w, group=group: packed.pack_panels(w, group))
     return graph
 
 

@@ -24,7 +24,7 @@ from ..native.bindings import GEMM_TILE, PCONV2D, PMATMUL, activation_code
 from ..native.signature import CONSTANTS
 from . import parallel
 from .base import OpContext, TensorInfo, apply_activation, numel, register, run_bound
-from .conv import Conv
+from .conv import Conv, ShuffledConv
 from .linalg import PERMS, MatMulBase
 
 PANEL = CONSTANTS["GEMM_PANEL"]
@@ -50,9 +50,13 @@ def block_columns(taps: int) -> int:
     return max(STRIP, min(8 * STRIP, BLOCK_FLOATS // taps // STRIP * STRIP))
 
 
-def pack_panels(w: np.ndarray) -> np.ndarray:
+def pack_panels(w: np.ndarray, group: int = 1) -> np.ndarray:
     """The filters w (M, C, KH, KW) as (ceil(M / PANEL), C * KH * KW, PANEL) panels: element
-    [i, k, r] is filter PANEL * i + r at tap k, zero past the last filter."""
+    [i, k, r] is filter PANEL * i + r at tap k, zero past the last filter. In `group` groups,
+    each group's M / group filters are packed so on their own, the groups' panels one after the
+    other: (group * ceil(M / group / PANEL), C * KH * KW, PANEL)."""
+    if group > 1:
+        return np.concatenate([pack_panels(part) for part in np.split(w, group)])
     filters, taps = w.shape[0], math.prod(w.shape[1:])
     rows = -(-filters // PANEL) * PANEL
     padded = np.zeros((rows, taps), w.dtype)
@@ -77,11 +81,19 @@ def gemm_tile(library: Any) -> int:
     return int(out[0])
 
 
+MIN_GROUP_FILTERS = PANEL // 2
+"""Grouped layers with fewer filters per group stay Convs (depthwise ones run by their own loop):
+a tile would multiply mostly zero rows."""
+
+
 def eligible(attrs: dict[str, Any], x: TensorInfo, w: np.ndarray) -> bool:
     """Whether a Conv node over `x` with constant filters `w` can run as a PackedConv: 2-d, one
-    group, float32, static shapes and an activation the C tile applies."""
+    group or groups of at least MIN_GROUP_FILTERS filters, float32, static shapes and an
+    activation the C tile applies."""
+    group = int(attrs.get("group", 1))
     return (x.rank == 4 and x.static and x.dtype == np.float32 and w.dtype == np.float32 and w.ndim == 4
-            and int(attrs.get("group", 1)) == 1 and activation_code(attrs) is not None)
+            and (group == 1 or (w.shape[0] % group == 0 and w.shape[0] // group >= MIN_GROUP_FILTERS))
+            and activation_code(attrs) is not None)
 
 
 @register("PackedConv", since=1, domain="omrt")
@@ -117,8 +129,8 @@ class PackedConv(Conv):
                 gemm_tile(ctx.native) == 0 and self.native_conv is not None):
             return None
         win = self.win
-        return fn.partial(*x.shape, self.filters, *win.out, *win.kernel, *win.strides, *win.dilations,
-                          *win.begin, *act)
+        return fn.partial(*x.shape, self.filters * self.group, self.group, int(self.shuffled), *win.out,
+                          *win.kernel, *win.strides, *win.dilations, *win.begin, *act)
 
     def bind(self, inputs, outputs, workspace):
         x, y = inputs[0], outputs[0]
@@ -162,6 +174,13 @@ class PackedResidualConv(PackedConv):
     first, as they write the whole output before adding it."""
 
     inplace = {0: RESIDUAL}
+
+
+@register("PackedShuffledConv", since=1, domain="omrt")
+class PackedShuffledConv(PackedConv, ShuffledConv):
+    """A ShuffledConv (a grouped Conv and ShuffleNet's channel shuffle after it) with each group's
+    filters packed (pack_panels(W, group)) as input 3: the tile writes each filter's rows where
+    the shuffle puts them. Without the native library it runs as the ShuffledConv it was."""
 
 
 MIN_ROWS = PANEL // 2

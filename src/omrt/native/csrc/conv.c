@@ -228,8 +228,8 @@ OMRT_EXPORT OMRT_HOT void omrt_im2col_f32(const float *x, float *cols, int64_t p
 
 /* A dense or grouped 2-d convolution: im2col (none for 1x1 stride-1 unpadded layers) and one
  * GEMM per group, through BLAS with bias and activation applied to each block of the output as
- * soon as it is written, or (with `panels`, one group) through omrt_panel_gemm with them in its
- * epilogue. */
+ * soon as it is written, or (with `panels`, each group's filters packed on their own) through
+ * omrt_panel_gemm with them in its epilogue. */
 typedef struct {
     const float *x, *w, *bias, *panels, *residual;
     float *y, *work, *strips;
@@ -254,14 +254,16 @@ static void multiply(const conv_job *j, int64_t image, int64_t g, int64_t f0, in
     /* shuffled: filter f of group g writes channel f * G + g, so a group's rows lie G planes apart */
     const int64_t row = j->shuffle ? f0 * j->G + g : m, ldc = j->shuffle ? j->G * j->P : j->P;
     float *c = j->y + (image * j->M + row) * j->P + at + p0;
+    const float *bg = b + g * j->K * ldb + p0; /* the group's rows of columns */
     if (j->panels) {
-        omrt_epilogue e = {j->bias, NULL, j->act, j->alpha, j->beta,
+        const int64_t group_panels = (j->Fg + OMRT_PANEL - 1) / OMRT_PANEL * OMRT_PANEL * j->K;
+        omrt_epilogue e = {j->bias ? j->bias + g * j->Fg : NULL, NULL, j->act, j->alpha, j->beta,
                            j->residual ? j->residual + (c - j->y) : NULL};
-        omrt_panel_gemm(j->panels, j->K, m, m + f1 - f0, b + p0, ldb, p1 - p0, c, j->P, &e,
+        omrt_panel_gemm(j->panels + g * group_panels, j->K, f0, f1, bg, ldb, p1 - p0, c, ldc, &e,
                         j->strips + thread * j->K * j->block, j->block, b == j->x + image * j->C * j->H * j->W);
         return;
     }
-    omrt_sgemm(f1 - f0, p1 - p0, j->K, j->w + m * j->K, j->K, b + g * j->K * ldb + p0, ldb, c, ldc);
+    omrt_sgemm(f1 - f0, p1 - p0, j->K, j->w + m * j->K, j->K, bg, ldb, c, ldc);
     omrt_bias_act(c, f1 - f0, p1 - p0, ldc, j->bias ? j->bias + m : NULL, j->act, j->alpha, j->beta);
 }
 
@@ -359,16 +361,19 @@ OMRT_EXPORT void omrt_conv2d_f32(const float *x, const float *w, const float *bi
     run_conv(&j, threads);
 }
 
-/* omrt_conv2d_f32 of one group, its filters packed in panels (see omrt_gemm.h) and multiplied by
+/* omrt_conv2d_f32 with each group's filters packed in panels of their own (see omrt_gemm.h; group
+ * g's M / G filters start ceil(M / G / OMRT_PANEL) panels after group g - 1's) and multiplied by
  * omrt's own GEMM, which copies `block` columns at a time into `strips` (K * block floats per
- * thread); `residual` (laid out as y, or y itself; NULL: none) is added before the activation. */
+ * thread, K = C / G * KH * KW); `residual` (laid out as y, or y itself; NULL: none) is added
+ * before the activation. */
 OMRT_EXPORT void omrt_pconv2d_f32(const float *x, const float *panels, const float *bias, const float *residual,
                                   float *y, float *work, float *strips, int64_t step, int64_t buffer, int64_t block,
-                                  int64_t threads, int64_t N, int64_t C, int64_t H, int64_t W, int64_t M, int64_t OH,
-                                  int64_t OW, int64_t KH, int64_t KW, int64_t SH, int64_t SW, int64_t DH, int64_t DW,
-                                  int64_t PT, int64_t PL, int64_t act, float alpha, float beta) {
-    conv_job j = CONV_JOB(.panels = panels, .residual = residual, .strips = strips, .block = block, .G = 1,
-                          .K = C * KH * KW, .Fg = M);
+                                  int64_t threads, int64_t N, int64_t C, int64_t H, int64_t W, int64_t M, int64_t G,
+                                  int64_t shuffle, int64_t OH, int64_t OW, int64_t KH, int64_t KW, int64_t SH,
+                                  int64_t SW, int64_t DH, int64_t DW, int64_t PT, int64_t PL, int64_t act, float alpha,
+                                  float beta) {
+    conv_job j = CONV_JOB(.panels = panels, .residual = residual, .strips = strips, .block = block, .G = G,
+                          .shuffle = shuffle, .K = C / G * KH * KW, .Fg = M / G);
     run_conv(&j, threads);
 }
 
