@@ -132,7 +132,7 @@ WINOGRAD = Function(
      Int("threads", 1), Int("N"), Int("C"), Int("H"), Int("W"), Int("F"), Int("OH"), Int("OW"), Int("PT"), Int("PL"),
      *_ACT),
     derived=(("tw", "-(-OW // T)"), ("tiles", "tw * -(-OH // T)"), ("elements", "(T + 2) ** 2"),
-             ("chunks", "max(-(-tiles // chunk_tiles), min(threads, tiles))"),
+             ("chunks", "min(-(-(-(-tiles // chunk_tiles)) // threads) * threads, tiles)"),
              ("per_chunk", "-(-tiles // max(chunks, 1))"),
              ("rows", "(max((T + 3) * (T * tw + 2), 2 * T * (T + 1) * (tiles if shared else per_chunk)) + 15)"
                       " // 16 * 16"),

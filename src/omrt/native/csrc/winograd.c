@@ -262,9 +262,11 @@ static void channels_part(void *p, int64_t item, int64_t thread) {
                     j->PL, j->tw, 0, j->tiles);
 }
 
-/* Start of filter block `item` of the shared phase 2: on a panel boundary. */
+/* Start of filter block `item` of the shared phase 2: the panels shared out evenly (128 filters,
+ * 11 panels, cut at 60: blocks of 60 and 68 filters, not 72 and 56), no block more than
+ * ceil(panels / fblocks) panels. */
 static int64_t filter_cut(const wg_job *j, int64_t item) {
-    const int64_t f = (omrt_part(j->F, j->fblocks, item) + OMRT_PANEL - 1) / OMRT_PANEL * OMRT_PANEL;
+    const int64_t f = omrt_part((j->F + OMRT_PANEL - 1) / OMRT_PANEL, j->fblocks, item) * OMRT_PANEL;
     return f < j->F ? f : j->F;
 }
 
@@ -302,8 +304,10 @@ OMRT_EXPORT void omrt_winograd_f32(const float *x, const float *U, const float *
         omrt_parallel(filters_part, &j, j.fblocks, threads);
         return;
     }
+    /* whole rounds of chunks: 3 chunks on 2 threads left one thread idle a third of the layer */
     j.chunks = (j.tiles + chunk_tiles - 1) / chunk_tiles;
-    if (j.chunks < threads) j.chunks = threads < j.tiles ? threads : j.tiles;
+    j.chunks = (j.chunks + threads - 1) / threads * threads;
+    if (j.chunks > j.tiles) j.chunks = j.tiles;
     j.rows = wg_rows(T, tw, (j.tiles + j.chunks - 1) / j.chunks);
     omrt_parallel(chunk_part, &j, N * j.chunks, threads);
 }
