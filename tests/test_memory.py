@@ -502,7 +502,14 @@ def test_ownership_rules_hold_for_any_sequence_and_nothing_leaks(mlp_om, steps):
     play_and_close()  # once first: what the process makes once (thread pools, their stacks) is not a leak
     before = system.map_count()
     play_and_close()
-    assert system.map_count() == before
+    after = system.map_count()
+    if after != before:
+        # Another thread of the process may have mapped something meanwhile (a thread's stack or
+        # malloc arena; seen once in a whole-suite run with no steps at all). A leak grows with
+        # every play: two more must end where this one did.
+        play_and_close()
+        play_and_close()
+        assert system.map_count() == after, (before, after)
 
 
 def test_memory_a_session_uses_in_two_roles_stays_held_until_both_end(mlp_om):
