@@ -75,12 +75,17 @@ def test_a_split_conv_keeps_both_threads_busy_and_a_numpy_op_idles_the_second(co
     assert prof.run.busy[1] == pytest.approx(conv.busy[1] + transpose.busy[1])  # nothing splits between tasks
 
 
-def test_the_pool_counters_only_grow_and_stay_still_between_runs(conv_om):
-    model = omrt.load(conv_om, trust_kernels=True)
+def _native_session(path: str) -> tuple[omrt.Model, omrt.Session]:
+    """The model at `path` with its native library, and a session of it, on omrt's 2 threads."""
+    model = omrt.load(path, trust_kernels=True)
     if model.native is None:
         pytest.skip("no native library for this host")
     omrt.set_num_threads(2)
-    sess = model.session()
+    return model, model.session()
+
+
+def test_the_pool_counters_only_grow_and_stay_still_between_runs(conv_om):
+    model, sess = _native_session(conv_om)
     before = model.native.pool_busy(2)
     assert before.dtype == np.int64 and (model.native.pool_busy(2) == before).all()
     for _ in range(TRIES):  # until thread 1 takes part in a run
@@ -133,11 +138,7 @@ def _workers() -> list[int]:
 @pytest.mark.skipif(not sys.platform.startswith("linux") or len(os.sched_getaffinity(0)) < 2,
                     reason="needs Linux and two cores")
 def test_a_worker_on_its_callers_core_moves_off_it(conv_om):
-    model = omrt.load(conv_om, trust_kernels=True)
-    if model.native is None:
-        pytest.skip("no native library for this host")
-    omrt.set_num_threads(2)
-    sess = model.session()
+    _, sess = _native_session(conv_om)
     feeds = _feeds()
     want = sess.run(feeds)["y"].copy()
     workers = _workers()
