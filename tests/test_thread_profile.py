@@ -158,3 +158,24 @@ def test_a_worker_on_its_callers_core_moves_off_it(conv_om):
         assert all(os.sched_getaffinity(tid) == allowed - {core} for tid in moved)
     finally:
         os.sched_setaffinity(0, allowed)
+
+
+def test_a_row_times_a_big_matrix_splits_though_its_flops_are_few(tmp_path):
+    """1x1024 @ 1024x1000: 2.05 million flops, under parallel.NATIVE_SPLIT_FLOPS, but 4 MB of
+    matrix to read (linalg.SPLIT_OPERAND_BYTES): thread 1 takes a part."""
+    w = numpy_helper.from_array(RNG.standard_normal((1024, 1000)).astype(np.float32), "w")
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1024])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1000])], [w])
+    path = str(tmp_path / "row.om")
+    omrt.compile(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    _, sess = _native_session(path)
+    x = RNG.standard_normal((1, 1024)).astype(np.float32)
+    for _ in range(TRIES):
+        (product,) = sess.profile_threads({"x": x}, repeat=3).ops.values()  # the model's one node
+        if product.busy[1] > 0:
+            break
+    assert product.busy[1] > 0
+    matrix = numpy_helper.to_array(w).astype(np.float64)
+    bound = 1024 * np.finfo(np.float32).eps * float((np.abs(x) @ np.abs(matrix)).max())  # any summation order
+    np.testing.assert_allclose(sess.run({"x": x})["y"], x @ matrix, rtol=0, atol=bound)

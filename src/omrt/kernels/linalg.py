@@ -16,6 +16,12 @@ from .base import (FUSED_ACTIVATIONS, Kernel, OpContext, Shape, TensorInfo, appl
 
 _NO_ACTIVATION = (0, 0.0, 0.0)
 
+SPLIT_OPERAND_BYTES = 1 << 20
+"""Native products that read an operand of at least this many bytes split over omrt's threads
+whatever their flops: a row times a big matrix is bound by reading the matrix, which two cores
+do faster than one (inception_v2's 1024x1000 classifier, 2.05 million flops, just under
+parallel.NATIVE_SPLIT_FLOPS, ran on one thread)."""
+
 
 def _narrow(dtype: np.dtype) -> bool:
     """float16 and bfloat16: numpy has no BLAS (nor einsum) path for them, so omrt widens them."""
@@ -119,7 +125,9 @@ class _Product:
                 or np.may_share_memory(out, a) or np.may_share_memory(out, b)):
             return None
         (lda, ta, sa), (ldb, tb, sb), (ldc, _, sc) = views
-        threads = parallel.native_threads(2 * batch * m * n * k)
+        flops = 2 * batch * m * n * k
+        streamed = max(a.nbytes, b.nbytes) >= SPLIT_OPERAND_BYTES
+        threads = parallel.native_threads(max(flops, parallel.NATIVE_SPLIT_FLOPS) if streamed else flops)
         return self.native.bind(a, b, bias, out, batch, m, n, k, lda, ldb, ldc, ta, tb, sa, sb, sc, threads, *act)
 
     def _fused(self, out: np.ndarray, bias: np.ndarray | None) -> bool:
