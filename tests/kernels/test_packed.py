@@ -48,6 +48,12 @@ def _run(kernel: packed.PackedConv, x, w, bias, residual: np.ndarray | None = No
     return y
 
 
+def _takes_the_tile(kernel: packed.PackedConv, native) -> bool:
+    """Whether a PackedConv over the library `native` should run on omrt's tile: enough output
+    positions, and a vector tile on this CPU (else BLAS multiplies: OMRT_GEMM_TILE=c)."""
+    return np.prod(kernel.outputs[0].shape[2:]) >= packed.MIN_POSITIONS and packed.gemm_tile(native) > 0
+
+
 def test_each_group_has_panels_of_its_own():
     w = randn(14, 3, 1, 1)
     panels = packed.pack_panels(w, 2)
@@ -106,10 +112,7 @@ def test_packed_conv_matches_reference(native, monkeypatch, n, c, f, h, w, k, st
     omrt.set_num_threads(threads)
     try:
         kernel = _kernel(x, weight, b, {**attrs, **ACTS[act]}, library, r)
-        positions = np.prod(kernel.outputs[0].shape[2:])
-        vector_tile = packed.gemm_tile(native) > 0  # else BLAS multiplies (OMRT_GEMM_TILE=c)
-        assert (kernel.native_packed is not None) == (positions >= packed.MIN_POSITIONS and vector_tile
-                                                      and not numpy_path)
+        assert (kernel.native_packed is not None) == (_takes_the_tile(kernel, native) and not numpy_path)
         y = _run(kernel, x, weight, b, r)
     finally:
         omrt.set_num_threads(1)
@@ -137,8 +140,7 @@ def test_long_products_keep_bias_residual_and_activation(native, monkeypatch, c,
     omrt.set_num_threads(threads)
     try:
         kernel = _kernel(x, weight, b, {**attrs, **ACTS[act]}, native, r)
-        positions = np.prod(kernel.outputs[0].shape[2:])
-        assert (kernel.native_packed is not None) == (positions >= packed.MIN_POSITIONS and packed.gemm_tile(native) > 0)
+        assert (kernel.native_packed is not None) == _takes_the_tile(kernel, native)
         ys = [_run(kernel, x, weight, b, r, over_residual) for over_residual in (False, True)]
     finally:
         omrt.set_num_threads(1)
@@ -411,8 +413,7 @@ def test_grouped_and_shuffled_packed_convs_match_reference(native, monkeypatch, 
     omrt.set_num_threads(threads)
     try:
         kernel = _kernel(x, weight, b, {**attrs, **ACTS[act]}, native, shuffled=shuffled)
-        positions = np.prod(kernel.outputs[0].shape[2:])
-        assert (kernel.native_packed is not None) == (positions >= packed.MIN_POSITIONS and packed.gemm_tile(native) > 0)
+        assert (kernel.native_packed is not None) == _takes_the_tile(kernel, native)
         y = _run(kernel, x, weight, b)
     finally:
         omrt.set_num_threads(1)

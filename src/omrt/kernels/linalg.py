@@ -125,9 +125,8 @@ class _Product:
                 or np.may_share_memory(out, a) or np.may_share_memory(out, b)):
             return None
         (lda, ta, sa), (ldb, tb, sb), (ldc, _, sc) = views
-        flops = 2 * batch * m * n * k
         streamed = max(a.nbytes, b.nbytes) >= SPLIT_OPERAND_BYTES
-        threads = parallel.native_threads(max(flops, parallel.NATIVE_SPLIT_FLOPS) if streamed else flops)
+        threads = parallel.native_threads(parallel.NATIVE_SPLIT_FLOPS if streamed else 2 * batch * m * n * k)
         return self.native.bind(a, b, bias, out, batch, m, n, k, lda, ldb, ldc, ta, tb, sa, sb, sc, threads, *act)
 
     def _fused(self, out: np.ndarray, bias: np.ndarray | None) -> bool:

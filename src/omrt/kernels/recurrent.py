@@ -2,8 +2,9 @@
 
 The input projection X @ W^T + biases of every time step and direction is one matrix product into
 the workspace (on the native workers, split over omrt's threads, when the model has the linalg
-unit and the operands are float32 matrices BLAS reads in place); the time loop then only multiplies the hidden state by R, gate by gate in place, in
-small scratch arrays carved from the workspace. LSTM runs its time loop in C (csrc/recurrent.c)
+unit and the operands are float32 matrices BLAS reads in place); the time loop then only
+multiplies the hidden state by R, gate by gate in place, in small scratch arrays carved from the
+workspace. LSTM runs its time loop in C (csrc/recurrent.c)
 when the model has it and the layer is its common case.
 """
 

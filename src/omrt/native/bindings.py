@@ -138,7 +138,8 @@ WINOGRAD = Function(
                       " // 16 * 16"),
              ("strips", "-(-(tiles if shared else per_chunk) // GEMM_MAX_NR) * GEMM_MAX_NR"),
              ("per_block", "-(-(-(-F // max(min(threads, F), 1))) // GEMM_PANEL) * GEMM_PANEL")),
-    requires=("T in (2, 4)", "shared <= 1", "not shared or N == 1", "v_floats >= elements * (C * strips + WINOGRAD_SKEW)",
+    requires=("T in (2, 4)", "shared <= 1", "not shared or N == 1",
+              "v_floats >= elements * (C * strips + WINOGRAD_SKEW)",
               "slot_floats >= (elements * min(fpass, per_block) * tiles + rows if shared "
               "else v_floats + elements * min(fpass, F) * per_chunk + rows)",
               "fpass % GEMM_PANEL == 0", _ACT_KNOWN))

@@ -10,7 +10,7 @@
  * library is never unloaded (see omrt.native.loader), so the workers live as long as the process.
  *
  * A worker never shares its caller's core: the scheduler may wake it there and leave both there
- * (seen on a 2-core machine, where runs on 2 threads then took 1.1x as long as on 1 for seconds
+ * (seen on a 2-core machine, where runs on 2 threads were then no faster than on 1, for seconds
  * on end), so a worker that finds itself on the core its caller submitted the job from moves to the
  * others the process may use (keep_off). The caller's own thread is never pinned. Workers are
  * named omrt-worker (top -H, perf and /proc show them by that name).
