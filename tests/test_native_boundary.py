@@ -87,6 +87,9 @@ def _calls() -> dict:
                             8448, 10496, 9, 0, 12, 2, 1, 1, 16, 6, 6, 16, 6, 6, 1, 1, 0, 0.0, 0.0],
         bindings.MATMUL: [_f32(3, 4), _f32(4, 5), _f32(5), _f32(3, 5), 1, 3, 5, 4, 4, 5, 5, 0, 0, 0, 0, 0, 1,
                           0, 0.0, 0.0],
+        # 13 rows (a full panel and one row) by 64 columns in two parts of one strip each, over two threads
+        bindings.PMATMUL: [_f32(13, 4), _f32(2, 4, 32), _f32(64), _f32(2, 13, 32), _f32(2 * 12 * 4), 13, 64, 4, 4,
+                           32, 32, 13 * 32, 2, 0, 0.0, 0.0],
         bindings.GELU: [_f32(100), _f32(100), cdf, slope, 100, 1],
         # 2 images of 5 channels, windows of 2 below and 2 above, 7 pixels split over two threads
         bindings.LRN: [_f32(2, 5, 7), _f32(2, 5, 7), 2, 5, 7, 2, 2, 1e-4, 1.0, 2],
@@ -201,6 +204,8 @@ BROKEN_RULES = [
     (bindings.WINOGRAD, 10, 3, r"requires T in \(2, 4\)"),
     (bindings.MATMUL, 8, 3, r"a must be a \(3, 4\) view with strides \(12, 4\)"),  # a pitch shorter than a row
     (bindings.MATMUL, 17, 7, r"requires act <= 4"),
+    (bindings.PMATMUL, 10, 24, r"requires N % part_cols == 0"),
+    (bindings.PMATMUL, 11, 13 * 32 - 1, r"requires part_cols == N or part_stride >="),  # parts would overlap
     (bindings.GELU, 4, 101, r"x must hold n = 101 floats"),
     (bindings.GELU, 5, 0, r"threads must be an integer >= 1"),
     (bindings.POOL2D, 17, -1, r"PT must be an integer >= 0"),

@@ -439,3 +439,78 @@ def test_a_shuffled_conv_with_groups_of_panels_compiles_packed_and_runs_as_itsel
         assert loaded.native is None
     (want,) = ReferenceEvaluator(model).run(None, {"x": x})
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * float(np.abs(want).max()))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.integers(2, 3), st.integers(1, 40), st.integers(1, 50), st.integers(1, 3),
+       st.sampled_from(sorted(ACTS, key=str)), st.booleans(), st.integers(1, 2))
+def test_stacked_products_match_each_product_alone(native, monkeypatch, parts, rows, depth, strips, act, bias,
+                                                   threads):
+    """PackedMatMul with parts: B's column blocks side by side, part g of the output A @ block g
+    (+ its bias, then the activation), on the tile or, with few rows, through one batched product."""
+    a, b = randn(rows, depth), randn(depth, parts * strips * packed.STRIP)
+    c = randn(b.shape[1]) if bias else None
+    monkeypatch.setattr(parallel, "NATIVE_SPLIT_FLOPS", 0)
+    omrt.set_num_threads(threads)
+    try:
+        kernel = _product(a, b, c, {**ACTS[act], "parts": parts}, native)
+        assert kernel.outputs[0].shape == (parts, rows, strips * packed.STRIP)
+        y = np.full(kernel.outputs[0].shape, np.nan, np.float32)
+        kernel.run([a, b, c, packed.pack_strips(b)], [y], np.full(kernel.workspace(), 0xCD, np.uint8))
+    finally:
+        omrt.set_num_threads(1)
+    want = _activated(a.astype(np.float64) @ b + (0 if c is None else c), act)
+    want = want.reshape(rows, parts, -1).transpose(1, 0, 2)
+    np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-4 * max(1.0, float(np.abs(want).max())))
+
+
+def _attention_inputs_model(width: int, graph_output: bool) -> onnx.ModelProto:
+    """x -> three projections (MatMul + Add) -> q * k + v; with `graph_output`, k is an output too."""
+    rng = np.random.default_rng(3)
+    weights = [numpy_helper.from_array((rng.standard_normal((width, width)) / width ** 0.5).astype(np.float32), n)
+               for n in ("wq", "wk", "wv")]
+    biases = [numpy_helper.from_array(rng.standard_normal(width).astype(np.float32), n) for n in ("bq", "bk", "bv")]
+    nodes = [node for p in "qkv" for node in (helper.make_node("MatMul", ["x", f"w{p}"], [f"{p}0"]),
+                                              helper.make_node("Add", [f"{p}0", f"b{p}"], [p]))]
+    nodes += [helper.make_node("Mul", ["q", "k"], ["qk"]), helper.make_node("Add", ["qk", "v"], ["y"])]
+    outputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("y", "k")[:1 + graph_output]]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 24, width])],
+                              outputs, weights + biases)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("graph_output", [False, True])
+@pytest.mark.parametrize("trusted", [True, False])
+def test_sibling_projections_compile_to_one_product_whose_parts_are_read_in_place(native, tmp_path, trusted,
+                                                                                   graph_output):
+    """Q, K and V of one x become one stacked PackedMatMul and three Parts, planned as its slices:
+    each part's array is the product's own memory at its offset (no copy), with or without the
+    tile; a part that is a graph output is copied out (the caller's buffer holds it alone)."""
+    from omrt.plan import verify
+
+    model = _attention_inputs_model(64, graph_output)
+    path = str(tmp_path / "m.om")
+    res = omrt.compile(model, path, autofuse=False)
+    ops = [n.op_type for n in res.graph.nodes]
+    assert ops[:4] == ["PackedMatMul", "Part", "Part", "Part"] and ops.count("PackedMatMul") == 1
+    assert res.graph.nodes[0].attrs["parts"] == 3
+    loaded = omrt.load(path, trust_kernels=trusted)
+    program = loaded.default.program
+    verify(program, loaded.default.graph)
+    stacked = res.graph.nodes[0].outputs[0]
+    for g, value in enumerate("qkv"):
+        assert program.places[value].offset == program.places[stacked].offset + g * 24 * 64 * 4
+    assert ("k" in program.copy_only) == graph_output
+    sess = loaded.session()
+    x = randn(1, 24, 64)
+    got = sess.run({"x": x})
+    want = ReferenceEvaluator(model).run(None, {"x": x})
+    for name, ref in zip(["y", "k"], want):
+        np.testing.assert_allclose(got[name], ref, rtol=1e-4, atol=1e-4 * max(1.0, float(np.abs(ref).max())))
+    step = next(s for s in sess._executor.instructions if s.node.op_type == "Mul")
+    product = next(s for s in sess._executor.instructions if s.node.op_type == "PackedMatMul")
+    assert all(np.shares_memory(v, product.outputs[0]) for v in step.inputs)
+    if not graph_output:
+        assert sess.stats.bytes_copied == 0
+    if trusted and packed.gemm_tile(native) > 0:
+        assert loaded.native.calls().get("omrt_pmatmul_f32", 0) > 0

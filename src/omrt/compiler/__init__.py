@@ -28,7 +28,8 @@ from . import custom
 from ..custom import CustomOp
 from .autofuse import Fused, autofuse as fuse_chains
 from .importer import import_model, load_model
-from .passes import fuse_residual_adds, optimize, use_packed_filters, use_packed_products, use_winograd
+from .passes import (fuse_residual_adds, optimize, stack_sibling_products, use_packed_filters, use_packed_products,
+                     use_winograd)
 from .typecheck import check_types
 
 
@@ -90,6 +91,7 @@ def _native_libraries(graph: Graph, compilers: Sequence[str] | None, say: Callab
         use_packed_filters(graph)
         fuse_residual_adds(graph)
         use_packed_products(graph)
+        stack_sibling_products(graph)
         if autofuse:
             records, fused = fuse_chains(graph, say, compilers)
     built = {cc: build.build(native_units(graph), say, cc) for cc in (compilers or [None])}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Callable, Iterator
 
 import numpy as np
@@ -610,6 +611,58 @@ def use_packed_products(graph: Graph) -> Graph:
                                                      graph.infos[bias] if bias else None):
             _derive_weight(graph, node, "PackedMatMul", "__strips", packed.pack_strips)
     return graph
+
+
+def _stackable(graph: Graph, node: Node) -> tuple | None:
+    """What a PackedMatMul must share with its siblings to be stacked with them (its A, its
+    attributes, its B's shape and whether it has a bias), or None when it cannot be: B's columns
+    must fill whole strips, so that each part's columns start a strip."""
+    if (node.op_type, node.domain) != ("PackedMatMul", "omrt") or "parts" in node.attrs:
+        return None
+    depth, cols = graph.constants[node.inputs[1]].shape
+    if cols % packed.STRIP:
+        return None
+    return node.inputs[0], tuple(sorted(node.attrs.items())), depth, cols, bool(node.inputs[2])
+
+
+def stack_sibling_products(graph: Graph) -> Graph:
+    """PackedMatMuls of one A by constant matrices of one shape (attention's Q, K and V
+    projections) -> one PackedMatMul with `parts`, whose output stacks the products, and an
+    omrt::Part per product, an alias of its slice: A is copied into panels once, and the workers
+    share one product instead of waiting at the end of each."""
+    groups: dict[tuple, list[int]] = {}
+    for i, node in enumerate(graph.nodes):
+        key = _stackable(graph, node)
+        if key is not None:
+            groups.setdefault(key, []).append(i)
+    replaced: dict[int, list[Node]] = {}
+    for members in groups.values():
+        if len(members) > 1:
+            replaced[members[0]] = _stacked(graph, [graph.nodes[i] for i in members])
+            replaced.update((i, []) for i in members[1:])
+    graph.nodes = [n for i, node in enumerate(graph.nodes) for n in replaced.get(i, [node])]
+    if replaced:
+        graph.opsets.setdefault("omrt", 1)
+    return remove_dead_code(graph)
+
+
+def _stacked(graph: Graph, nodes: list[Node]) -> list[Node]:
+    """The stacked product of `nodes` (see stack_sibling_products) and its Parts, in their place."""
+    first, parts = nodes[0], len(nodes)
+    weight = np.concatenate([graph.constants[n.inputs[1]] for n in nodes], axis=1)
+    names = [f"{first.inputs[1]}__stacked{parts}", "", f"{first.inputs[1]}__stacked{parts}__strips"]
+    graph.add_constant(names[0], weight)
+    graph.add_constant(names[2], packed.pack_strips(weight))
+    if first.inputs[2]:
+        names[1] = f"{first.inputs[2]}__stacked{parts}"
+        graph.add_constant(names[1], np.concatenate([graph.constants[n.inputs[2]] for n in nodes]))
+    stacked = f"{first.outputs[0]}__stacked{parts}"
+    out = graph.infos[first.outputs[0]]
+    graph.infos[stacked] = replace(out, shape=(parts, *out.shape))
+    product = Node("PackedMatMul", [first.inputs[0], *names], [stacked], {**first.attrs, "parts": parts}, "omrt",
+                   f"{first.name}__stacked{parts}")
+    return [product, *(Node("Part", [stacked], [n.outputs[0]], {"index": g}, "omrt", f"{n.name}__part")
+                       for g, n in enumerate(nodes))]
 
 
 def _residual_operand(graph: Graph, j: int, producers: dict[str, int], uses: dict[str, list[int]]

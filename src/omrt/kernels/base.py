@@ -67,7 +67,8 @@ class Kernel:
     inplace: ClassVar[dict[int, int]] = {}
     """output index -> input index it may overwrite when that input dies at this task."""
     view: ClassVar[bool] = False
-    """True when output 0 is input 0 reinterpreted with another shape (an alias, no task)."""
+    """True when output 0 is input 0 reinterpreted with another shape (an alias, no task), or
+    the bytes of input 0 from `view_offset` on."""
     dynamic: ClassVar[bool] = False
     """True when output shapes depend on input values: `run` returns freshly allocated outputs.
     A kernel whose `infer` leaves an output shape unknown only for some nodes (If, Loop, Scan) is
@@ -94,6 +95,11 @@ class Kernel:
     def infer(cls, ctx: OpContext, inputs: Sequence[TensorInfo | None]) -> list[TensorInfo]:
         """Output dtypes and shapes from input infos; raise ShapeError naming the rule broken."""
         raise NotImplementedError(f"{cls.__name__}.infer")
+
+    @classmethod
+    def view_offset(cls, ctx: OpContext, inputs: Sequence[TensorInfo | None], outputs: Sequence[TensorInfo]) -> int:
+        """For a view: the byte offset in input 0 at which output 0's bytes start."""
+        return 0
 
     @classmethod
     def input_offsets(cls, ctx: OpContext, inputs: Sequence[TensorInfo | None],

@@ -19,13 +19,14 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from ..errors import ShapeError
 from ..memory import align
 from ..native.bindings import GEMM_TILE, PCONV2D, PMATMUL, activation_code
 from ..native.signature import CONSTANTS
 from . import parallel
 from .base import OpContext, TensorInfo, apply_activation, numel, register, run_bound
 from .conv import Conv, ShuffledConv
-from .linalg import PERMS, MatMulBase
+from .linalg import PERMS, MatMulBase, _Product
 
 PANEL = CONSTANTS["GEMM_PANEL"]
 """Rows of filters per packed panel."""
@@ -200,16 +201,39 @@ def product_eligible(attrs: dict[str, Any], a: TensorInfo, b: np.ndarray, bias: 
 @register("PackedMatMul", since=1, domain="omrt")
 class PackedMatMul(MatMulBase):
     """MatMul(A, B) + bias (or ""), B constant, with pack_strips(B) as input 3, multiplied by
-    omrt's own GEMM."""
+    omrt's own GEMM.
+
+    With the attribute `parts` = G > 1 (sibling products of one A, stacked by the compiler:
+    omrt.compiler.passes.stack_sibling_products), B's columns are G matrices side by side, the
+    bias theirs, and the output is [G, *A's rows, N / G]: part g is A @ B[:, g N/G : (g+1) N/G]
+    plus its bias, a contiguous tensor of its own that the next nodes read in place."""
 
     derived = ((3, 1),)
     derived_call = "native_packed"
 
+    @classmethod
+    def infer(cls, ctx: OpContext, inputs: Sequence[TensorInfo | None]) -> list[TensorInfo]:
+        (out,) = super().infer(ctx, inputs)
+        parts, cols = int(ctx.attrs.get("parts", 1)), out.shape[-1]
+        if parts == 1:
+            return [out]
+        if parts < 1 or not isinstance(cols, int) or cols % parts:
+            raise ShapeError(f"{ctx.name}: PackedMatMul parts={parts} must divide B's {cols} columns "
+                             f"into equal parts")
+        return [TensorInfo(out.dtype, (parts, *out.shape[:-1], cols // parts))]
+
     def __init__(self, ctx: OpContext, inputs: Sequence[TensorInfo | None],
                  outputs: Sequence[TensorInfo]) -> None:
-        super().__init__(ctx, inputs[:2], outputs)
-        self.inputs = list(inputs)
+        self.parts = int(ctx.attrs.get("parts", 1))
+        whole = [TensorInfo(outputs[0].dtype, self.product_shape(ctx, inputs))]
+        super().__init__(ctx, inputs[:2], whole)
+        self.inputs, self.outputs = list(inputs), list(outputs)
         self.rows, (self.depth, self.cols) = numel(inputs[0].shape[:-1]), inputs[1].shape
+        self.part_cols = self.cols // self.parts
+        if self.parts > 1:  # without the tile: one batched product, A the same for every part
+            self.product = _Product((self.rows, self.depth), (self.parts, self.depth, self.part_cols),
+                                    (self.parts, self.rows, self.part_cols), outputs[0].dtype, fold=False,
+                                    ctx=ctx, fuse=False)
         self.flops = 2 * self.rows * self.depth * self.cols
         self.panel_bytes = align(-(-self.rows // PANEL) * PANEL * self.depth * 4)
         self.act = activation_code(ctx.attrs)
@@ -233,9 +257,20 @@ class PackedMatMul(MatMulBase):
         in_place = all(v is None or v.flags.c_contiguous for v in (a, out, bias))  # a fed bias may be a view
         if self.native_packed is None or not in_place or not out.size:
             return None
-        m, n, k = self.rows, self.cols, self.depth
-        return [self.native_packed.bind(a.reshape(m, k), inputs[3], bias, out.reshape(m, n), workspace, m, n, k, k,
-                                         n, parallel.native_threads(self.flops), *self.act)]
+        m, n, k, part = self.rows, self.cols, self.depth, self.part_cols
+        return [self.native_packed.bind(a.reshape(m, k), inputs[3], bias, out.reshape(-1, part), workspace, m, n,
+                                         k, k, part, part, m * part, parallel.native_threads(self.flops),
+                                         *self.act)]
+
+    def views(self, inputs: Sequence[np.ndarray],
+              out: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """A, B and the output as the product reads them: for parts, A's rows, B's column blocks
+        as a stack and the output as one matrix per part."""
+        if self.parts == 1:
+            return super().views(inputs, out)
+        g, m, k, part = self.parts, self.rows, self.depth, self.part_cols
+        return (inputs[0].reshape(m, k), inputs[1].reshape(k, g, part).transpose(1, 0, 2),
+                out.reshape(g, m, part))
 
     def run(self, inputs, outputs, workspace):
         if run_bound(self.bind(inputs, outputs, workspace)):
@@ -243,7 +278,7 @@ class PackedMatMul(MatMulBase):
         out = outputs[0]
         bias = inputs[2] if len(inputs) > 2 else None
         a, b, y = self.views(inputs, out)
-        if not self.product(a, b, y, workspace, bias):
+        if not self.product(a, b, y, workspace, bias if self.parts == 1 else None):
             if bias is not None:
-                np.add(y, bias, out=y)
+                np.add(y, bias.reshape(self.parts, 1, self.part_cols) if self.parts > 1 else bias, out=y)
             apply_activation(out, self.ctx)

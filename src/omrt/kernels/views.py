@@ -1,8 +1,9 @@
-"""View kernels: Reshape, Flatten, Squeeze, Unsqueeze, Identity and Dropout.
+"""View kernels: Reshape, Flatten, Squeeze, Unsqueeze, Identity, Dropout and omrt::Part.
 
 Output 0 is input 0 with another shape (`Kernel.view`): the planner makes it an alias of the
 input, so these kernels copy only when it could not. Dropout is an alias too, at inference and
-without its mask output.
+without its mask output. Part is input 0's slice [index] along its first axis, an alias at an
+offset.
 """
 
 from __future__ import annotations
@@ -216,3 +217,25 @@ class Dropout(_View):
         np.multiply(out, out.dtype.type(1.0 / (1.0 - ratio)), out=out)
         if mask is not None:
             np.copyto(mask, keep)
+
+
+@register("Part", since=1, domain="omrt")
+class Part(_View):
+    """omrt-internal: x[index] along x's first axis, contiguous in x (a stacked product's part,
+    omrt.compiler.passes.stack_sibling_products), planned as an alias at its offset in x."""
+
+    @classmethod
+    def infer(cls, ctx, inputs):
+        x, index = inputs[0], int(ctx.attrs.get("index", 0))
+        if x.rank < 1 or not isinstance(x.shape[0], int) or not 0 <= index < x.shape[0]:
+            raise ShapeError(f"{ctx.name}: Part index {index} is outside the first axis of {x.shape}")
+        return [TensorInfo(x.dtype, x.shape[1:])]
+
+    @classmethod
+    def view_offset(cls, ctx, inputs, outputs):
+        return int(ctx.attrs.get("index", 0)) * outputs[0].nbytes
+
+    def run(self, inputs, outputs, workspace):
+        x, out = inputs[0], outputs[0]
+        if out.size and not _same_memory(x[int(self.ctx.attrs.get("index", 0))], out):
+            np.copyto(out, x[int(self.ctx.attrs.get("index", 0))])

@@ -158,11 +158,16 @@ MATMUL = Function(
 PMATMUL = Function(
     "linalg", "omrt_pmatmul_f32",
     (Array("a", "(M - 1) * lda + K"), Array("strips", "-(-N // GEMM_MAX_NR) * K * GEMM_MAX_NR"),
-     Array("bias", "N", optional=True), Array("c", "(M - 1) * ldc + N", write=True),
+     Array("bias", "N", optional=True),
+     Array("c", "(N // part_cols - 1) * part_stride + (M - 1) * ldc + part_cols", write=True),
      Array("panels", "-(-M // GEMM_PANEL) * GEMM_PANEL * K", write=True, scratch=True),
-     Int("M", 1), Int("N", 1), Int("K", 1), Int("lda"), Int("ldc"), Int("threads", 1), *_ACT),
-    requires=("lda >= K", "ldc >= N", _ACT_KNOWN))
-"""a @ B + bias, then the activation, B packed at compile time (omrt.kernels.packed), through omrt's own GEMM."""
+     Int("M", 1), Int("N", 1), Int("K", 1), Int("lda"), Int("ldc"), Int("part_cols", 1), Int("part_stride"),
+     Int("threads", 1), *_ACT),
+    requires=("lda >= K", "ldc >= part_cols", "N % part_cols == 0",
+              "part_cols == N or part_cols % GEMM_MAX_NR == 0",
+              "part_cols == N or part_stride >= (M - 1) * ldc + part_cols", _ACT_KNOWN))
+"""a @ B + bias, then the activation, B packed at compile time (omrt.kernels.packed), through omrt's own
+GEMM; the columns in parts of part_cols, each its own matrix part_stride floats after the last."""
 
 GELU = Function(
     "elementwise", "omrt_gelu_f32",

@@ -136,8 +136,13 @@ def make_tasks(graph: Graph) -> Lowering:
         unknown = any(o and (not infos[o].static or infos[o].dtype == object) for o in node.outputs)
         if (cls.view and len(live_outs) == 1 and live_outs[0] == node.outputs[0] and src
                 and src not in state.runtime and not unknown):
-            state.base[node.outputs[0]] = src
-            continue
+            at = cls.view_offset(context(node, graph), [infos[v] if v else None for v in node.inputs],
+                                 [infos[node.outputs[0]]])
+            if not at or state.in_arena(state.root(src)):  # weights and inputs are viewed whole
+                state.base[node.outputs[0]] = src
+                if at:
+                    state.delta[node.outputs[0]] = at
+                continue
         if cls.dynamic or unknown or any(v in state.runtime for v in node.inputs if v):
             state.runtime.update(o for o in node.outputs if o)
         state.tasks.append(Task(idx, list(node.inputs), list(node.outputs)))
@@ -201,7 +206,9 @@ def _may_share(state: Lowering, t: int, out: str, src: str, grows: bool, output_
     root = state.root(src)
     same_root_reads = sum(1 for v in state.tasks[t].inputs if v and state.root(v) == root)
     fits = grows or infos[out].shape == infos[src].shape
+    # a view at an offset (a stacked product's part) is not at its buffer's start, where `out` would go
     return (state.in_arena(root) and state.last.get(root) == t and same_root_reads == 1
+            and state.place_of(src)[1] == 0
             and root not in output_roots and state.root(out) == out
             and infos[out].dtype == infos[src].dtype and fits)
 
@@ -241,8 +248,9 @@ def claim_outputs(state: Lowering) -> tuple[dict[str, str], dict[str, str]]:
     claimed: dict[str, str] = {}
     copy_only: dict[str, str] = {}
     constants = state.graph.constants
+    sizes = state.buffer_bytes()
     for o in state.graph.outputs:
-        root = state.root(o)
+        root, at = state.place_of(o)
         if root in state.input_roots:
             copy_only[o] = (f"it is graph input {root!r}" if root == o
                             else f"it is a view of graph input {root!r}")
@@ -252,6 +260,8 @@ def claim_outputs(state: Lowering) -> tuple[dict[str, str], dict[str, str]]:
             copy_only[o] = "its shape depends on input values (allocated at run time)"
         elif root in claimed:
             copy_only[o] = f"it shares memory with output {claimed[root]!r}"
+        elif at or sizes.get(root, 1) > max(state.graph.infos[o].nbytes, 1):
+            copy_only[o] = f"it is a part of {root!r}'s buffer, which other values share"
         else:
             claimed[root] = o
     return claimed, copy_only

@@ -61,7 +61,7 @@ OMRT_EXPORT void omrt_matmul_f32(const float *a, const float *b, const float *bi
 typedef struct {
     const float *a, *strips, *bias;
     float *c, *panels;
-    int64_t M, N, K, lda, ldc, P, act;
+    int64_t M, N, K, lda, ldc, P, part_cols, part_stride, act;
     float alpha, beta;
 } pmm_job;
 
@@ -75,22 +75,27 @@ static void pack_part(void *p, int64_t item, int64_t thread) {
 static void strip_part(void *p, int64_t item, int64_t thread) {
     const pmm_job *j = p;
     (void)thread;
-    const int64_t s = item / j->P, panel = item % j->P;
+    const int64_t s = item / j->P, panel = item % j->P, part = s * OMRT_MAX_NR / j->part_cols;
     omrt_epilogue e = {NULL, j->bias, j->act, j->alpha, j->beta, NULL};
-    omrt_strip_tile(j->panels + panel * j->K * OMRT_PANEL, j->strips, s, j->K, j->M, j->N, panel * OMRT_PANEL, j->c,
+    /* the tile writes column n at c + n: shifted so that part p's columns land at its own start */
+    float *c = j->c + part * (j->part_stride - j->part_cols);
+    omrt_strip_tile(j->panels + panel * j->K * OMRT_PANEL, j->strips, s, j->K, j->M, j->N, panel * OMRT_PANEL, c,
                     j->ldc, &e);
 }
 
 /* c (M x N, pitch ldc) = a (M x K, pitch lda) @ B + bias (N floats, when not NULL), then the
  * activation, B (K x N) packed at compile time as strips of OMRT_MAX_NR columns (K x OMRT_MAX_NR
  * each, zero past column N; omrt.kernels.packed.pack_strips); a is first copied into `panels`
- * (OMRT_PANEL rows per panel), on `threads` threads. */
+ * (OMRT_PANEL rows per panel), on `threads` threads. The columns go in parts of `part_cols` (N
+ * itself, or a multiple of OMRT_MAX_NR), part p's M x part_cols block `part_stride` floats after
+ * part p - 1's: sibling products of one A (attention's Q, K and V) as one product, each result
+ * a matrix of its own. */
 OMRT_EXPORT void omrt_pmatmul_f32(const float *a, const float *strips, const float *bias, float *c, float *panels,
-                                  int64_t M, int64_t N, int64_t K, int64_t lda, int64_t ldc, int64_t threads,
-                                  int64_t act, float alpha, float beta) {
+                                  int64_t M, int64_t N, int64_t K, int64_t lda, int64_t ldc, int64_t part_cols,
+                                  int64_t part_stride, int64_t threads, int64_t act, float alpha, float beta) {
     pmm_job j = {.a = a, .strips = strips, .bias = bias, .c = c, .panels = panels, .M = M, .N = N, .K = K,
-                 .lda = lda, .ldc = ldc, .P = (M + OMRT_PANEL - 1) / OMRT_PANEL, .act = act, .alpha = alpha,
-                 .beta = beta};
+                 .lda = lda, .ldc = ldc, .P = (M + OMRT_PANEL - 1) / OMRT_PANEL, .part_cols = part_cols,
+                 .part_stride = part_stride, .act = act, .alpha = alpha, .beta = beta};
     omrt_parallel(pack_part, &j, j.P, threads);
     omrt_parallel(strip_part, &j, j.P * ((N + OMRT_MAX_NR - 1) / OMRT_MAX_NR), threads);
 }
