@@ -3,32 +3,19 @@
  * gates, for every batch entry, with no Python between the steps. The directions of a
  * bidirectional layer are independent and run on two threads.
  *
- * exp and tanh are Cephes' single-precision approximations (within a few ulp of the correctly
- * rounded values), written so that the loops vectorize: glibc's expf and tanhf do not. Their
- * clamps and selects become vector blends only when floating-point exceptions may be raised
- * where the scalar code would not raise them, which nothing here observes.
+ * exp (omrt_fx_exp, omrt_math.h) and tanh are Cephes' single-precision approximations (within a
+ * few ulp of the correctly rounded values), written so that the loops vectorize: glibc's expf and
+ * tanhf do not. Their clamps and selects become vector blends only when floating-point exceptions may be
+ * raised where the scalar code would not raise them, which nothing here observes.
  */
-#include "omrt_native.h"
+#include "omrt_math.h"
 
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC optimize("no-trapping-math")
 #endif
 
-/* exp(x) for x in [-87, 88] (clamped there): x = n ln2 + r, |r| <= ln2 / 2, e^r by a polynomial,
- * times 2^n built in the exponent bits. */
-static inline float exp_f32(float x) {
-    x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
-    const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f; /* round to nearest */
-    float r = x - n * 0.693359375f;
-    r = r + n * 2.12194440e-4f;
-    const float p = ((((1.9875691500e-4f * r + 1.3981999507e-3f) * r + 8.3334519073e-3f) * r + 4.1665795894e-2f) * r +
-                     1.6666665459e-1f) * r + 5.0000001201e-1f;
-    const union { int32_t i; float f; } scale = {.i = ((int32_t)n + 127) << 23};
-    return (p * r * r + r + 1.0f) * scale.f;
-}
-
 static inline void sigmoid_f32(float *x, int64_t n) {
-    for (int64_t i = 0; i < n; i++) x[i] = 1.0f / (1.0f + exp_f32(-x[i]));
+    for (int64_t i = 0; i < n; i++) x[i] = 1.0f / (1.0f + omrt_fx_exp(-x[i]));
 }
 
 /* tanh: an odd polynomial below |x| 0.625 (where 1 - 2 / (e^2x + 1) would cancel), else that. */
@@ -36,7 +23,7 @@ static inline float tanh_f32(float x) {
     const float s = x * x;
     const float small = ((((-5.70498872745e-3f * s + 2.06390887954e-2f) * s - 5.37397155531e-2f) * s +
                           1.33314422036e-1f) * s - 3.33332819422e-1f) * s * x + x;
-    const float large = 1.0f - 2.0f / (exp_f32(2.0f * x) + 1.0f);
+    const float large = 1.0f - 2.0f / (omrt_fx_exp(2.0f * x) + 1.0f);
     return s < 0.390625f ? small : large;
 }
 
