@@ -100,10 +100,11 @@ def default_threads() -> Iterator[None]:
 @pytest.fixture(scope="session")
 def native():
     """A native library of every C unit, built once and loaded (trusted) for the whole run."""
+    from omrt.native.bindings import UNITS
     from omrt.native.build import build
     from omrt.native.loader import load
 
-    record = build(["conv", "elementwise", "linalg", "pool", "recurrent", "winograd"], lambda msg: None)
+    record = build(list(UNITS), lambda msg: None)
     if record is None:
         pytest.skip("no C compiler on this host")
     library = load([record], trusted=True)

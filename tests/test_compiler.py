@@ -19,11 +19,12 @@ def _model(nodes, inputs, outputs, inits=(), opset=17):
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
 
 
-def _run_both(model, feeds, tmp_path):
+def _run_both(model, feeds, tmp_path, native: bool = True):
     """Compile (without autofuse, which runs after the rewrites these tests look at: see
-    test_autofuse.py), run, and compare with the reference."""
+    test_autofuse.py; with `native` False, without the rewrites for the native kernels either),
+    run, and compare with the reference."""
     path = str(tmp_path / "m.om")
-    res = omrt.compile(model, path, autofuse=False)
+    res = omrt.compile(model, path, autofuse=False, native=native)
     got = omrt.load(path).session().run(feeds)
     want = ReferenceEvaluator(model).run(None, feeds)
     for spec, w in zip(model.graph.output, want):
@@ -264,9 +265,12 @@ def test_erf_gelu_formula_with_a_shared_intermediate_is_left_alone(tmp_path):
     assert "Gelu" not in [n.op_type for n in res.graph.nodes]
 
 
-def _attention_model(scale_op: str = "Div", shared_query: bool = False):
+def _attention_model(scale_op: str = "Div", shared_query: bool = False, mask: bool = False,
+                     projected: bool = True, probs_out: bool = False):
     """One attention head pair as exporters write it: projections, heads split with Reshape and
-    Transpose, scaled scores, Softmax, context merged back with Transpose and Reshape."""
+    Transpose, scaled scores (plus a mask input `m`), Softmax, context merged back with
+    Transpose and Reshape. Without `projected`, the query and key are x itself (the scale stays);
+    `probs_out` makes the probabilities a graph output too."""
     seq, heads, size = 6, 2, 4
     hidden = heads * size
     w = {n: RNG.standard_normal((hidden, hidden)).astype(np.float32) for n in "qkv"}
@@ -279,28 +283,36 @@ def _attention_model(scale_op: str = "Div", shared_query: bool = False):
                                                np.float32), "scale")]
     nodes = []
     for n, perm in (("q", [0, 2, 1, 3]), ("k", [0, 2, 3, 1]), ("v", [0, 2, 1, 3])):
-        nodes += [helper.make_node("MatMul", ["x", f"W{n}"], [f"{n}_mm"]),
-                  helper.make_node("Add", [f"{n}_mm", f"b{n}"], [f"{n}_p"]),
-                  helper.make_node("Reshape", [f"{n}_p", "split"], [f"{n}_r"]),
+        if n == "v" or projected:
+            nodes += [helper.make_node("MatMul", ["x", f"W{n}"], [f"{n}_mm"]),
+                      helper.make_node("Add", [f"{n}_mm", f"b{n}"], [f"{n}_p"])]
+        nodes += [helper.make_node("Reshape", [f"{n}_p" if n == "v" or projected else "x", "split"], [f"{n}_r"]),
                   helper.make_node("Transpose", [f"{n}_r"], [f"{n}_t"], perm=perm)]
     nodes += [helper.make_node("MatMul", ["q_t", "k_t"], ["scores"]),
-              helper.make_node(scale_op, ["scores", "scale"], ["scaled"]),
-              helper.make_node("Softmax", ["scaled"], ["probs"], axis=-1),
+              helper.make_node(scale_op, ["scores", "scale"], ["scaled" if not mask else "unmasked"])]
+    if mask:
+        nodes.append(helper.make_node("Add", ["unmasked", "m"], ["scaled"]))
+    nodes += [helper.make_node("Softmax", ["scaled"], ["probs"], axis=-1),
               helper.make_node("MatMul", ["probs", "v_t"], ["ctx"]),
               helper.make_node("Transpose", ["ctx"], ["ctx_t"], perm=[0, 2, 1, 3]),
               helper.make_node("Reshape", ["ctx_t", "merge"], ["y"])]
     outputs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, seq, hidden])]
     if shared_query:
         outputs.append(helper.make_tensor_value_info("q_p", TensorProto.FLOAT, [1, seq, hidden]))
-    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, seq, hidden])
-    m = _model(nodes, [x], outputs, inits)
-    return m, {"x": RNG.standard_normal((1, seq, hidden)).astype(np.float32)}
+    if probs_out:
+        outputs.append(helper.make_tensor_value_info("probs", TensorProto.FLOAT, [1, heads, seq, seq]))
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, seq, hidden])]
+    feeds = {"x": RNG.standard_normal((1, seq, hidden)).astype(np.float32)}
+    if mask:
+        inputs.append(helper.make_tensor_value_info("m", TensorProto.FLOAT, [1, 1, 1, seq]))
+        feeds["m"] = np.where(RNG.random((1, 1, 1, seq)) < 0.3, -1e4, 0).astype(np.float32)
+    return _model(nodes, inputs, outputs, inits), feeds
 
 
 @pytest.mark.parametrize("scale_op", ["Div", "Mul"])
 def test_attention_scale_folds_into_the_query_and_transposes_into_matmuls(scale_op, tmp_path):
     m, feeds = _attention_model(scale_op)
-    res = _run_both(m, feeds, tmp_path)
+    res = _run_both(m, feeds, tmp_path, native=False)
     ops = [n.op_type for n in res.graph.nodes]
     assert scale_op not in ops and "Transpose" not in ops
     scores, ctx = [n for n in res.graph.nodes if n.op_type == "MatMul"]
@@ -308,9 +320,36 @@ def test_attention_scale_folds_into_the_query_and_transposes_into_matmuls(scale_
     assert ctx.attrs["_perm_b"] == [0, 2, 1, 3] and ctx.attrs["_perm_y"] == [0, 2, 1, 3]
 
 
+@pytest.mark.parametrize("projected", [True, False])
+@pytest.mark.parametrize("mask", [True, False])
+def test_attention_becomes_one_node_that_runs_natively_when_trusted(tmp_path, projected, mask):
+    """Scores, scale (folded into the query, or kept when the query is no projection), mask,
+    Softmax and value product -> one omrt::Attention over the 3-D projections; trusted, it is one
+    native call; untrusted, the numpy kernel; both as the reference computes."""
+    m, feeds = _attention_model(mask=mask, projected=projected)
+    res = omrt.compile(m, str(tmp_path / "m.om"), autofuse=False)
+    if not res.libraries:
+        pytest.skip("no C compiler: the native rewrites do not run")
+    (att,) = [n for n in res.graph.nodes if n.op_type == "Attention"]
+    assert att.domain == "omrt" and "Softmax" not in [n.op_type for n in res.graph.nodes]
+    assert att.attrs["scale"] == (1.0 if projected else pytest.approx(0.5)) and len(att.inputs) == 3 + mask
+    want = ReferenceEvaluator(m).run(None, feeds)[0]
+    for trusted in (True, False):
+        loaded = omrt.load(str(tmp_path / "m.om"), trust_kernels=trusted)
+        got = loaded.session().run(feeds)["y"]
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * max(1.0, float(np.abs(want).max())))
+        assert (loaded.native is not None and loaded.native.calls().get("omrt_attention_f32", 0) == 1) == trusted
+
+
+def test_attention_whose_probabilities_are_read_elsewhere_stays_unfused(tmp_path):
+    m, feeds = _attention_model(probs_out=True)
+    res = _run_both(m, feeds, tmp_path)
+    assert "Attention" not in [n.op_type for n in res.graph.nodes]
+
+
 def test_attention_scale_leaves_a_projection_read_elsewhere_unscaled(tmp_path):
     m, feeds = _attention_model(shared_query=True)
-    res = _run_both(m, feeds, tmp_path)
+    res = _run_both(m, feeds, tmp_path, native=False)
     (query,) = [n for n in res.graph.nodes if "q_p" in n.outputs]
     (key,) = [n for n in res.graph.nodes if "k_p" in n.outputs]
     assert _unpacked(query)[1][1:] == ["Wq", "bq"] and key.inputs[1] != "Wk"

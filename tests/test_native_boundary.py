@@ -90,6 +90,10 @@ def _calls() -> dict:
         # 13 rows (a full panel and one row) by 64 columns in two parts of one strip each, over two threads
         bindings.PMATMUL: [_f32(13, 4), _f32(2, 4, 32), _f32(64), _f32(2, 13, 32), _f32(2 * 12 * 4), 13, 64, 4, 4,
                            32, 32, 13 * 32, 2, 0, 0.0, 0.0],
+        # 2 batches, 2 query heads on 1 key/value head, 3-D Q and Y, a mask per batch, over two threads
+        bindings.ATTENTION: [_f32(2, 3, 10), _f32(2, 4, 5), _f32(2, 4, 3), _f32(2, 1, 3, 4), _f32(2, 3, 6),
+                             _f32(2 * 2 * 3 * 4), 2, 2, 2, 3, 4, 5, 3, 30, 5, 10, 20, 5, 5, 12, 3, 3, 18, 3, 6, 12,
+                             0, 4, 0.5, 2],
         bindings.GELU: [_f32(100), _f32(100), cdf, slope, 100, 1],
         # 2 images of 5 channels, windows of 2 below and 2 above, 7 pixels split over two threads
         bindings.LRN: [_f32(2, 5, 7), _f32(2, 5, 7), 2, 5, 7, 2, 2, 1e-4, 1.0, 2],
@@ -206,6 +210,8 @@ BROKEN_RULES = [
     (bindings.MATMUL, 17, 7, r"requires act <= 4"),
     (bindings.PMATMUL, 10, 24, r"requires N % part_cols == 0"),
     (bindings.PMATMUL, 11, 13 * 32 - 1, r"requires part_cols == N or part_stride >="),  # parts would overlap
+    (bindings.ATTENTION, 8, 3, r"requires H % G == 0"),
+    (bindings.ATTENTION, 15, 4, r"requires qs >= D"),  # Q's rows would overlap
     (bindings.GELU, 4, 101, r"x must hold n = 101 floats"),
     (bindings.GELU, 5, 0, r"threads must be an integer >= 1"),
     (bindings.POOL2D, 17, -1, r"PT must be an integer >= 0"),
@@ -266,8 +272,8 @@ def guarded(a):
     return out
 
 
-units = ["conv", "elementwise", "linalg", "pool", "recurrent", "winograd"]
-library = load([build(units, lambda msg: None)], trusted=True)
+from omrt.native.bindings import UNITS
+library = load([build(list(UNITS), lambda msg: None)], trusted=True)
 for fn, values in [*CALLS.items(), *OTHER_PATHS]:
     library.get(fn)(*[guarded(v) if isinstance(v, np.ndarray) else v for v in values])
     print(fn.symbol, "ok")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from omrt.errors import KernelError, ShapeError
@@ -154,6 +154,42 @@ def test_attention_random_shapes(b, hkv, g, sq, skv, past, rank, causal, with_ma
     mask = randn(sq, past + skv) if with_mask else None
     inputs, attrs = attention_inputs(b, hkv * g, hkv, sq, skv, 4, 3, past, rank, mask)
     check_attention(inputs, {**attrs, "is_causal": int(causal)})
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.integers(1, 2), st.integers(1, 3), st.integers(1, 3), st.integers(1, 20), st.integers(1, 40),
+       st.integers(1, 24), st.integers(1, 24), st.sampled_from([3, 4]),
+       st.sampled_from([None, "keys", "queries", "heads", "batch", "all"]), st.sampled_from([None, 0.3]),
+       st.integers(1, 2))
+def test_the_native_loop_matches_the_reference(native, b, hkv, g, sq, skv, d, dv, rank, mask_over, scale,
+                                               threads):
+    """Float32 attention with a float mask broadcast over (batch, heads, queries) or none, grouped
+    heads, 3-D and 4-D layouts: one native call per node, values as the reference's."""
+    import omrt
+
+    shapes = {"keys": (skv,), "queries": (sq, skv), "heads": (hkv * g, 1, skv), "batch": (b, 1, 1, skv),
+              "all": (b, hkv * g, sq, skv)}
+    mask = None if mask_over is None else randn(*shapes[mask_over])
+    inputs, attrs = attention_inputs(b, hkv * g, hkv, sq, skv, d, dv, 0, rank, mask)
+    attrs = attrs if scale is None else {**attrs, "scale": scale}
+    before = native.calls().get("omrt_attention_f32", 0)
+    omrt.set_num_threads(threads)
+    try:
+        got = run_kernel("Attention", inputs, attrs, opset=23, native=native, n_outputs=1)[0]
+    finally:
+        omrt.set_num_threads(1)
+    assert native.calls().get("omrt_attention_f32", 0) == before + 1
+    want = reference("Attention", inputs, attrs, opset=23)[0]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * max(1.0, float(np.abs(want).max())))
+
+
+def test_the_native_loop_gives_zeros_for_fully_masked_rows(native):
+    mask = np.zeros((4, 6), np.float32)
+    mask[1] = -np.inf
+    inputs, attrs = attention_inputs(mask=mask)
+    got = run_kernel("Attention", inputs, attrs, opset=23, native=native, n_outputs=1)[0]
+    assert (got[:, :, 1] == 0).all() and np.isfinite(got).all()
+    np.testing.assert_allclose(got, reference("Attention", inputs, attrs, opset=23)[0], rtol=1e-4, atol=1e-5)
 
 
 def test_attention_scores_are_the_only_large_scratch():

@@ -28,8 +28,8 @@ from . import custom
 from ..custom import CustomOp
 from .autofuse import Fused, autofuse as fuse_chains
 from .importer import import_model, load_model
-from .passes import (fuse_residual_adds, optimize, stack_sibling_products, use_packed_filters, use_packed_products,
-                     use_winograd)
+from .passes import (fuse_attention, fuse_residual_adds, optimize, stack_sibling_products, use_packed_filters,
+                     use_packed_products, use_winograd)
 from .typecheck import check_types
 
 
@@ -87,6 +87,7 @@ def _native_libraries(graph: Graph, compilers: Sequence[str] | None, say: Callab
     (one per compiler) first, and the chains fused."""
     records, fused = [], []
     if compilers is not None or build.compiler() is not None:
+        fuse_attention(graph)
         use_winograd(graph)
         use_packed_filters(graph)
         fuse_residual_adds(graph)

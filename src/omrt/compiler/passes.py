@@ -613,6 +613,117 @@ def use_packed_products(graph: Graph) -> Graph:
     return graph
 
 
+class _Chain:
+    """Walks back from a value through nodes each read by one node only, for a pattern match."""
+
+    def __init__(self, graph: Graph) -> None:
+        self.graph, self.uses, self.producers = graph, graph.consumers(), graph.producers()
+
+    def sole(self, value: str, op_types: tuple[str, ...], reader: int) -> tuple[int, Node] | None:
+        """(index, node) of the plain ONNX node of one of `op_types` writing `value`, when node
+        `reader` alone reads `value`; else None."""
+        i = self.producers.get(value)
+        node = self.graph.nodes[i] if i is not None else None
+        if (node is None or node.domain or node.op_type not in op_types
+                or _sole_consumer(self.graph, value, self.uses) != reader):
+            return None
+        return i, node
+
+    def heads(self, value: str, reader: int) -> str | None:
+        """The [B, S, H * D] value that `value` ([B, S, H, D], read by node `reader` alone) is a
+        Reshape of; else None."""
+        found = self.sole(value, ("Reshape",), reader)
+        if found is None:
+            return None
+        src, out = self.graph.infos[found[1].inputs[0]], self.graph.infos[value]
+        if not (src.static and out.static and src.rank == 3 and out.rank == 4):
+            return None
+        return found[1].inputs[0] if src.shape[:2] == out.shape[:2] and out.shape[2] * out.shape[3] == src.shape[2] \
+            else None
+
+
+_HEADS_FIRST, _KEYS_LAST = [0, 2, 1, 3], [0, 2, 3, 1]
+
+
+def _attention_mask(graph: Graph, mask: str, scores: str) -> bool:
+    """Whether `mask` can be an Attention's attn_mask for `scores` [B, H, S, T]: float32, at most
+    4-D, T keys on its last axis, broadcasting to the scores without growing them."""
+    info, out = graph.infos[mask], graph.infos[scores]
+    if info.dtype != np.float32 or not info.static or info.rank > 4 or info.shape[-1] != out.shape[-1]:
+        return False
+    return all(d in (1, o) for d, o in zip(info.shape[::-1], out.shape[::-1]))
+
+
+def _unfused_attention(chain: _Chain, j: int) -> tuple[list[str], float, list[int]] | None:
+    """When node `j` is the value product of an unfused attention, Reshape(MatMul(softmax(Q K^T
+    [* or / c] [+ mask]), V)) with heads split and merged by Transposes folded into both MatMuls:
+    ([Q, K, V, mask or ""] as [B, S, H * D] values, the scale, the indices of the nodes it takes)."""
+    graph, out = chain.graph, chain.graph.nodes[j]
+    attrs = out.attrs
+    if ((out.op_type, out.domain) != ("MatMul", "") or set(attrs) != {"_perm_b", "_perm_y"}
+            or list(attrs["_perm_b"]) != _HEADS_FIRST or list(attrs["_perm_y"]) != _HEADS_FIRST):
+        return None
+    merge = _sole_consumer(graph, out.outputs[0], chain.uses)
+    softmax = chain.sole(out.inputs[0], ("Softmax",), j)
+    if (merge is None or (graph.nodes[merge].op_type, graph.nodes[merge].domain) != ("Reshape", "")
+            or graph.infos[graph.nodes[merge].outputs[0]].rank != 3 or softmax is None
+            or int(softmax[1].attrs.get("axis", -1)) not in (-1, 3)):
+        return None
+    taken, mask, scale = [j, softmax[0]], "", 1.0
+    at, value = softmax
+    added = chain.sole(value.inputs[0], ("Add",), at)
+    if added is not None:
+        for scores, other in (added[1].inputs, added[1].inputs[::-1]):
+            if (other != scores and chain.sole(scores, ("MatMul", "Mul", "Div"), added[0])
+                    and _attention_mask(graph, other, scores)):
+                taken.append(added[0])
+                at, value, mask = added[0], added[1], other
+                break
+    x = value.inputs[0] if not mask else next(v for v in value.inputs if v != mask)
+    scaled = chain.sole(x, ("Mul", "Div"), at)
+    if scaled is not None:
+        data, const = scaled[1].inputs
+        if scaled[1].op_type == "Mul" and _scalar(graph, const) is None:
+            data, const = const, data
+        c = _scalar(graph, const)
+        if c:
+            taken.append(scaled[0])
+            at, x, scale = scaled[0], data, c if scaled[1].op_type == "Mul" else 1 / c
+    product = chain.sole(x, ("MatMul",), at)
+    if product is None or set(product[1].attrs) != {"_perm_a", "_perm_b"} \
+            or list(product[1].attrs["_perm_a"]) != _HEADS_FIRST or list(product[1].attrs["_perm_b"]) != _KEYS_LAST:
+        return None
+    q, k = (chain.heads(v, product[0]) for v in product[1].inputs)
+    v = chain.heads(out.inputs[1], j)
+    if None in (q, k, v) or graph.infos[q].dtype != np.float32:
+        return None
+    return [q, k, v, mask], scale, [*taken, product[0], merge]
+
+
+def fuse_attention(graph: Graph) -> Graph:
+    """Unfused attention (see _unfused_attention) -> one omrt::Attention node over the 3-D
+    projections, in the place of the Reshape that merged the heads: with the native library,
+    each (batch, head) is scores, mask, softmax and value product in one pass (csrc/attention.c)."""
+    chain = _Chain(graph)
+    replaced: dict[int, Node] = {}
+    drop: set[int] = set()
+    for j in range(len(graph.nodes)):
+        found = _unfused_attention(chain, j)
+        if found is None:
+            continue
+        inputs, scale, taken = found
+        merge = graph.nodes[taken[-1]]
+        heads = graph.infos[graph.nodes[taken[-2]].inputs[0]].shape[2]
+        replaced[taken[-1]] = Node("Attention", [*inputs] if inputs[3] else inputs[:3], merge.outputs,
+                                   {"q_num_heads": heads, "kv_num_heads": heads, "scale": scale}, "omrt",
+                                   merge.name or graph.nodes[j].name)
+        drop.update(taken[:-1])
+    if replaced:
+        graph.nodes = [replaced.get(i, node) for i, node in enumerate(graph.nodes) if i not in drop]
+        graph.opsets.setdefault("omrt", 1)
+    return remove_dead_code(graph)
+
+
 def _stackable(graph: Graph, node: Node) -> tuple | None:
     """What a PackedMatMul must share with its siblings to be stacked with them (its A, its
     attributes, its B's shape and whether it has a bias), or None when it cannot be: B's columns

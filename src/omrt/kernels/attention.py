@@ -17,8 +17,10 @@ import numpy as np
 
 from ..errors import KernelError, ShapeError
 from ..memory import align
-from .base import (Dim, Kernel, OpContext, Shape, TensorInfo, broadcast_shapes, normalize_axis,
-                   numel, onnx_dtype, register)
+from ..native.bindings import ATTENTION
+from . import parallel
+from .base import (Dim, Kernel, OpContext, Shape, TensorInfo, broadcast_shapes, normalize_axis, numel,
+                   onnx_dtype, register, run_bound)
 
 _F32 = np.dtype(np.float32)
 _F64 = np.dtype(np.float64)
@@ -81,9 +83,15 @@ def _padded(inputs: Sequence, n: int) -> list:
 # ----------------------------------------------------------------------------- Attention
 
 
+@register("Attention", since=1, domain="omrt")
 @register("Attention", since=23)
 class Attention(Kernel):
     """softmax(Q K^T * scale + bias) V per head, with optional past/present KV caches.
+
+    omrt::Attention is the same op for models of any opset: the compiler rewrites the unfused
+    form (MatMul, scale, mask Add, Softmax, MatMul; omrt.compiler.passes.fuse_attention) into it.
+    In float32 without caches, causal or window masks, softcap or the scores as an output, the
+    native loop (csrc/attention.c) does each (batch, head) in one pass on the workers.
 
     The bias composes `attn_mask` (boolean: False -> -inf; float: added; a last axis shorter
     than the total sequence is padded with -inf), `is_causal` ("query i attends key j iff
@@ -94,6 +102,8 @@ class Attention(Kernel):
     float16/bfloat16 inputs compute in float32 with results rounded where the reference rounds
     (scaled Q and K, scores, probabilities).
     """
+
+    native_units = ("attention",)
 
     @staticmethod
     def _dims(ctx: OpContext, q: TensorInfo, k: TensorInfo, v: TensorInfo) -> tuple[Dim, ...]:
@@ -207,9 +217,41 @@ class Attention(Kernel):
         if self.past and not self.cast:
             scratch.add("part", self.mm, y5)
         self.scratch = scratch
+        self.native_attention = self._native_attention(ctx, q, mask, past_k, nonpad)
+
+    def _native_attention(self, ctx: OpContext, q: TensorInfo, mask: TensorInfo | None, past_k: TensorInfo | None,
+                          nonpad: TensorInfo | None):
+        """The native loop when it computes this node: float32, no cache, no causal, window or
+        padding bias, no softcap, the softmax in float32, and a float mask over every key or none."""
+        fn = ctx.native.get(ATTENTION) if ctx.native is not None else None
+        plain = (q.dtype == _F32 and past_k is None and nonpad is None and not self.causal and self.left < 0
+                 and self.right < 0 and self.softcap == 0 and self.ct == _F32)
+        masked = mask is None or (mask.dtype == _F32 and mask.shape[-1] == self.t)
+        static = all(isinstance(d, int) for d in (self.b, self.hq, self.hkv, self.sq, self.t, self.d, self.dv))
+        return fn if plain and masked and static else None
 
     def workspace(self) -> int:
         return self.scratch.size
+
+    def bind(self, inputs, outputs, workspace):
+        """The native loop's call over these arrays, checked, when it computes the node (no
+        other output asked for, contiguous arrays); else None."""
+        q, k, v, mask = _padded(inputs, 7)[:4]
+        y = outputs[0]
+        if (self.native_attention is None or any(o is not None for o in outputs[1:])
+                or not all(x.flags.c_contiguous for x in (q, k, v, y) + ((mask,) if mask is not None else ()))):
+            return None
+        strides = [[s // 4 for s in self._heads_first(x, heads).strides[:3]]
+                   for x, heads in ((q, self.hq), (k, self.hkv), (v, self.hkv), (y, self.hq))]
+        mask_strides = [0, 0, 0]
+        if mask is not None:
+            m4 = mask.reshape(self.mask4)
+            mask_strides = [s // 4 if n > 1 else 0 for s, n in zip(m4.strides[:3], m4.shape[:3])]
+        flops = 2 * self.b * self.hq * self.sq * self.t * (self.d + self.dv)
+        scores = self.scratch.views(workspace)["s"]
+        return [self.native_attention.bind(q, k, v, mask, y, scores, self.b, self.hq, self.g, self.sq, self.t, self.d,
+                                           self.dv, *strides[0], *strides[1], *strides[2], *strides[3],
+                                           *mask_strides, self.scale, parallel.native_threads(flops))]
 
     # -- layout helpers
 
@@ -292,6 +334,8 @@ class Attention(Kernel):
             np.copyto(s, 0, where=dead)
 
     def run(self, inputs, outputs, workspace):
+        if run_bound(self.bind(inputs, outputs, workspace)):
+            return
         q, k, v, mask, past_k, past_v, nonpad = _padded(inputs, 7)
         y, present_k, present_v, qk = _padded(outputs, 4)
         bufs = self.scratch.views(workspace)

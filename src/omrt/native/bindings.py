@@ -169,6 +169,21 @@ PMATMUL = Function(
 """a @ B + bias, then the activation, B packed at compile time (omrt.kernels.packed), through omrt's own
 GEMM; the columns in parts of part_cols, each its own matrix part_stride floats after the last."""
 
+ATTENTION = Function(
+    "attention", "omrt_attention_f32",
+    (Array("q", "(B - 1) * qb + (H - 1) * qh + (S - 1) * qs + D"),
+     Array("k", "(B - 1) * kb + (H // G - 1) * kh + (T - 1) * kt + D"),
+     Array("v", "(B - 1) * vb + (H // G - 1) * vh + (T - 1) * vt + DV"),
+     Array("mask", "(B - 1) * mb + (H - 1) * mh + (S - 1) * ms + T", optional=True),
+     Array("y", "(B - 1) * yb + (H - 1) * yh + (S - 1) * ys + DV", write=True),
+     Array("scores", "B * H * S * T", write=True, scratch=True),
+     Int("B", 1), Int("H", 1), Int("G", 1), Int("S", 1), Int("T", 1), Int("D", 1), Int("DV", 1),
+     Int("qb"), Int("qh"), Int("qs"), Int("kb"), Int("kh"), Int("kt"), Int("vb"), Int("vh"), Int("vt"),
+     Int("yb"), Int("yh"), Int("ys"), Int("mb"), Int("mh"), Int("ms"), Float("scale"), Int("threads", 1)),
+    requires=("H % G == 0", "qs >= D", "kt >= D", "vt >= DV", "ys >= DV"),
+    blas=True)
+"""softmax(Q K^T * scale + mask) V per (batch, head), the scores in the workspace (csrc/attention.c)."""
+
 GELU = Function(
     "elementwise", "omrt_gelu_f32",
     (Array("x", "n"), Array("y", "n", write=True), Array("cdf", "GELU_NODES"), Array("slope", "GELU_NODES"),
@@ -225,5 +240,8 @@ LSTM = Function(
     requires=("dirs <= 2", "layout <= 1", "reverse <= 1"))
 
 FUNCTIONS = (USE_BLAS, POOL_BUSY, RUN_CALLS, GEMM_TILE, DWCONV2D, IM2COL2D, CONV2D, PCONV2D, POOL2D, GLOBAL_POOL, WINOGRAD,
-             MATMUL, PMATMUL, GELU, LRN, BINARY, COPY_BLOCKS, REPEAT2D, DECONV, LSTM)
+             MATMUL, PMATMUL, ATTENTION, GELU, LRN, BINARY, COPY_BLOCKS, REPEAT2D, DECONV, LSTM)
 """Every exported C function, the library's entry point first."""
+
+UNITS = tuple(sorted({fn.unit for fn in FUNCTIONS} - {USE_BLAS.unit}))
+"""The C units (csrc/<unit>.c) a library may be built from, beside the core every library holds."""
