@@ -231,11 +231,11 @@ def test_a_call_list_computes_what_the_calls_compute_one_by_one(native):
 
     def calls(out_mul: np.ndarray, out_dw: np.ndarray, scratch: np.ndarray) -> list:
         mul = native.get(bindings.BINARY).bind(x, s, out_mul, 2, 8, 64, 8, 1, 1, 2, 0.25, 0.0)
-        dw = native.get(bindings.DWCONV2D).bind(image, w, None, out_dw, scratch, 944, 3, 1, 1, 4, 1, 20, 20, 20,
+        dw = native.get(bindings.DWCONV2D).bind(image, w, None, out_dw, scratch, 2864, 3, 1, 1, 1, 4, 1, 20, 20, 20,
                                                 20, *window, 2, 0.125, 0.0)
         return [mul, dw]
 
-    direct = [np.zeros((8, 64), np.float32), np.zeros((1, 4, 20, 20), np.float32), np.zeros(944, np.float32)]
+    direct = [np.zeros((8, 64), np.float32), np.zeros((1, 4, 20, 20), np.float32), np.zeros(2864, np.float32)]
     for c in calls(*direct):
         c()
     listed = [np.zeros_like(a) for a in direct]

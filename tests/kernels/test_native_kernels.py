@@ -4,11 +4,15 @@ against onnx.reference in the family tests), over many window geometries."""
 from __future__ import annotations
 
 import copy
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from onnx import TensorProto, helper, numpy_helper
 
 from kernel_check import check, randn, reference, run_kernel
 import omrt
@@ -169,9 +173,10 @@ def test_max_pool_propagates_nan_like_numpy(native, lanes, band_floats, stride, 
 @given(windows(5, 40), st.integers(1, 2), st.sampled_from([None, "Relu", "Clip", "LeakyRelu", "HardSigmoid"]),
        st.integers(1, 2), st.booleans(), st.sampled_from([3, 20]))
 def test_depthwise_conv_matches_numpy_path(native, threads, band_bytes, window, dilation, act, mult, bias, channels):
-    """Narrow planes (under 16 output columns) go 16 channels at a time, 20 channels making a
-    full block and a partial one; wide planes go plane by plane split into stride phases. Both
-    go in bands of output rows: whole planes, or (with little scratch) a few rows."""
+    """Layers go 16 channels at a time, 20 channels making a full block and a partial one (with
+    AVX-512; elsewhere wide planes, of 16 output columns or more, go plane by plane split into
+    stride phases: see test_depthwise_layers_agree_at_every_vector_width). Both go in bands of
+    output rows: whole planes, or (with little scratch) a few rows."""
     attrs, (h, w) = window
     kh, kw = attrs["kernel_shape"]
     if (kh - 1) * dilation + 1 > h + attrs["pads"][0] + attrs["pads"][2] or \
@@ -187,6 +192,70 @@ def test_depthwise_conv_matches_numpy_path(native, threads, band_bytes, window, 
         patch.setattr(conv_module, "DEPTHWISE_BAND_BYTES", band_bytes)
         assert _uses_native("Conv", x, weight, {**attrs, **fused}, native)
         agree("Conv", inputs, {**attrs, **fused}, native)
+
+
+DEPTHWISE_LAYERS = [(30, 3, 1, 1), (30, 3, 2, 1), (30, 5, 2, 1), (30, 3, 1, 2), (30, 2, 1, 1), (16, 5, 1, 1),
+                    (16, 3, 2, 1), (9, 5, 1, 1), (9, 7, 1, 1), (9, 3, 2, 2)]
+"""(input size, taps across, stride, dilation) of the depthwise layers checked at every vector
+width: wide planes (16 or more output columns) and narrow ones, the windows the loop has
+unrolled (3, 5 and 7 taps at stride 1 or 2; a 7-wide output row) and others."""
+
+
+@pytest.fixture(scope="module")
+def depthwise_om(tmp_path_factory, native):
+    nodes, inputs, outputs, weights = [], [], [], []
+    for i, (size, k, stride, dilation) in enumerate(DEPTHWISE_LAYERS):
+        inputs.append(helper.make_tensor_value_info(f"x{i}", TensorProto.FLOAT, [1, 20, size, size]))
+        outputs.append(helper.make_tensor_value_info(f"y{i}", TensorProto.FLOAT, None))
+        weights += [numpy_helper.from_array(randn(20, 1, k, k), f"w{i}"), numpy_helper.from_array(randn(20), f"b{i}")]
+        pad = (k - 1) * dilation // 2
+        nodes.append(helper.make_node("Conv", [f"x{i}", f"w{i}", f"b{i}"], [f"y{i}"], group=20, strides=[stride] * 2,
+                                      dilations=[dilation] * 2, pads=[pad] * 4))
+    model = helper.make_model(helper.make_graph(nodes, "depthwise", inputs, outputs, weights),
+                              opset_imports=[helper.make_opsetid("", 17)])
+    path = str(tmp_path_factory.mktemp("depthwise") / "depthwise.om")
+    omrt.compile(model, path)
+    return path
+
+
+WIDTH_CHECK = """
+import numpy as np, omrt
+rng = np.random.default_rng(0)
+trusted, plain = omrt.load({path!r}, trust_kernels=True), omrt.load({path!r})
+feeds = {{i.name: rng.standard_normal(i.shape).astype(np.float32) for i in plain.inputs}}
+got, want = trusted.session().run(feeds), plain.session().run(feeds)
+print(max(float(np.abs(got[k] - want[k]).max() / np.abs(want[k]).max()) for k in want))
+"""
+
+
+@pytest.mark.parametrize("tile", ["c", "avx2", None])
+def test_depthwise_layers_agree_at_every_vector_width(depthwise_om, tile):
+    """The loop picks its path and vector width by the CPU (16 channels interleaved and 16-float
+    vectors with AVX-512; else 8-float vectors, wide planes plane by plane): OMRT_GEMM_TILE caps
+    what it sees, in a process of its own."""
+    env = {k: v for k, v in os.environ.items() if k != "OMRT_GEMM_TILE"}
+    if tile:
+        env["OMRT_GEMM_TILE"] = tile
+    done = subprocess.run([sys.executable, "-c", WIDTH_CHECK.format(path=depthwise_om)], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert float(done.stdout) < 1e-5
+
+
+def test_a_plan_with_room_for_plane_by_plane_bands_only_runs_wide_planes_that_way(native):
+    """A file an older omrt planned gives a wide depthwise layer the scratch of its plane-by-plane
+    bands alone: the layer runs that way, in it, rather than refusing the file. (A 1x1 layer: the
+    numpy path's im2col scratch of wider windows would leave room for either.)"""
+    x, weight, bias = randn(1, 20, 30, 30), randn(20, 1, 1, 1), randn(20)
+    attrs = {"group": 20}
+    kernel = _kernel("Conv", x, weight, attrs, native)
+    old = max(kernel.im2col_bytes, parallel.MAX_SLOTS * kernel._band(kernel.inputs[0], 20, lanes=False)[1])
+    assert kernel.lanes and old < kernel.workspace()
+    assert kernel.fit_workspace(old) and not kernel.lanes and kernel.workspace() <= old
+    y = np.full(kernel.outputs[0].shape, np.nan, np.float32)
+    kernel.run([x, weight, bias], [y], np.zeros(old, np.uint8))
+    want = reference("Conv", [x, weight, bias], attrs)[0]
+    np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
 
 
 def test_depthwise_conv_matches_reference(native):

@@ -25,8 +25,9 @@ from .window import (PLANE_LANES, _Chunk, _chunks, _plan_chunks, _row_chunks, sl
                      strided_columns, window_of)
 
 DEPTHWISE_WIDE_PLANE = 16
-"""Depthwise layers with at least this many output columns run plane by plane (csrc/conv.c,
-DW_WIDE_PLANE): their rows fill vectors; narrower ones interleave 16 channels per vector."""
+"""Depthwise layers with at least this many output columns may run plane by plane (csrc/conv.c,
+DW_WIDE_PLANE: where the CPU lacks AVX-512), their rows filling vectors; otherwise 16 channels
+are interleaved, one per vector lane."""
 
 DEPTHWISE_BAND_BYTES = 1 << 17
 """Scratch per thread of the native depthwise loop: it works in bands of output rows whose
@@ -168,15 +169,19 @@ class Conv(Kernel):
             self.workspace_bytes = self.pad_bytes + max(min(t, parallel.MAX_SLOTS) * self._layout(t)[1]
                                                         for t in range(1, parallel.MAX_SLOTS + 1))
             self._split(1)
-        self.band, self.band_bytes = self._band(x, channels)
+        self.im2col_bytes = self.workspace_bytes
+        self.lanes = True
+        self.band, self.band_bytes = self._band(x, channels, self.lanes)
         self.workspace_bytes = max(self.workspace_bytes, parallel.MAX_SLOTS * self.band_bytes)
 
-    def _band(self, x: TensorInfo, channels: int) -> tuple[int, int]:
+    def _band(self, x: TensorInfo, channels: int, lanes: bool) -> tuple[int, int]:
         """(output rows, bytes of scratch) per item of the native depthwise loop: as many output
-        rows as keep the scratch under DEPTHWISE_BAND_BYTES. Narrow planes go 16 channels at a
-        time (csrc/conv.c, block_part), wide ones plane by plane, each band of rows split into
-        its stride phases (dw_band). Planned whether or not the model will have that loop, so
-        that plans do not depend on it."""
+        rows as keep the scratch under DEPTHWISE_BAND_BYTES. Layers go 16 channels at a time
+        (csrc/conv.c, block_part); wide planes may instead go plane by plane, each band of rows
+        split into its stride phases (dw_band), which the C picks by the CPU it runs on, so the
+        band fits both; without `lanes` (a plan an older omrt made) they always do, and the band
+        need fit only that path. Planned whether or not the model will have that loop, so that
+        plans do not depend on it."""
         if self.group != channels or x.rank != 4 or x.dtype != np.float32:
             return 0, 0
         (oh, ow), (kh, kw), (sh, sw), (dh, dw) = self.win.out, self.win.kernel, self.win.strides, self.win.dilations
@@ -184,19 +189,26 @@ class Conv(Kernel):
         wq = -(-wide // sw)
 
         def floats(rows: int) -> int:
-            if ow >= DEPTHWISE_WIDE_PLANE:
-                return sh * sw * ((rows + (kh - 1) * dh // sh) * wq + (kw - 1) * dw // sw) + rows * wq
-            return PLANE_LANES * (kh * kw + ((rows - 1) * sh + (kh - 1) * dh + 1) * wide + rows * ow)
+            interleaved = PLANE_LANES * (kh * kw + ((rows - 1) * sh + (kh - 1) * dh + 1) * wide + rows * ow)
+            if ow < DEPTHWISE_WIDE_PLANE:
+                return interleaved
+            phases = sh * sw * ((rows + (kh - 1) * dh // sh) * wq + (kw - 1) * dw // sw) + rows * wq
+            return max(interleaved, phases) if lanes else phases
 
         band = next((r for r in range(oh, 0, -1) if 4 * floats(r) <= DEPTHWISE_BAND_BYTES), 1)
         return band, align(4 * floats(band))
 
     def fit_workspace(self, nbytes: int) -> bool:
         """A plan too small for the scratch of a path over derived filters (WinogradConv's,
-        PackedConv's: a file an older omrt planned) runs the layer as the plain Conv."""
+        PackedConv's: a file an older omrt planned) runs the layer as the plain Conv; one too
+        small for a wide depthwise layer's 16 channels at a time runs it plane by plane."""
         if self.derived and self.workspace_bytes > nbytes:
             self.drop_derived()
             self.workspace_bytes = self.conv_workspace_bytes
+        if self.band and self.workspace_bytes > nbytes:
+            self.lanes = False
+            self.band, self.band_bytes = self._band(self.inputs[0], self.inputs[0].shape[1], self.lanes)
+            self.workspace_bytes = max(self.im2col_bytes, parallel.MAX_SLOTS * self.band_bytes)
         return super().fit_workspace(nbytes)
 
     def _native_2d(self, ctx: OpContext, x: TensorInfo) -> bool:
@@ -206,7 +218,7 @@ class Conv(Kernel):
 
     def _depthwise(self, ctx: OpContext, x: TensorInfo, channels: int, filters: int) -> Callable | None:
         """The native loop of a 2-d float32 depthwise layer, its geometry bound, when the model has
-        it; else None. Call it with (x, w, bias, y, scratch, pitch, band, threads)."""
+        it; else None. Call it with (x, w, bias, y, scratch, pitch, band, threads, lanes)."""
         act = activation_code(ctx.attrs)
         fn = ctx.native.get(DWCONV2D) if self._native_2d(ctx, x) else None
         if fn is None or self.group != channels or act is None or math.prod(self.win.kernel) > CONSTANTS["MAX_TAPS"]:
@@ -348,7 +360,8 @@ class Conv(Kernel):
         strided layer reads stride^2 times more than it writes (a 5x5 stride-2 layer on 288 planes
         of 14x14 ran 1.5-1.8x faster on two threads, though its output is below the threshold)."""
         threads = parallel.native_threads(nbytes=max(x.nbytes, y.nbytes), slots=parallel.MAX_SLOTS)
-        return self.native_depthwise.bind(x, w, b, y, workspace, self.band_bytes // 4, self.band, threads)
+        return self.native_depthwise.bind(x, w, b, y, workspace, self.band_bytes // 4, self.band, threads,
+                                          int(self.lanes))
 
     def _bind_native(self, x: np.ndarray, w: np.ndarray, b: np.ndarray | None, y: np.ndarray,
                      workspace: np.ndarray | None) -> Checked:

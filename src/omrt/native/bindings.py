@@ -46,19 +46,20 @@ DWCONV2D = Function(
     "conv", "omrt_dwconv2d_f32",
     (Array("x", "N * (M // mult) * H * W"), Array("w", "M * KH * KW"), Array("bias", "M", optional=True),
      Array("y", "N * M * OH * OW", write=True),
-     Array("scratch", "pitch * min(threads, N * M if OW >= 16 else N * -(-M // 16) * -(-OH // band))",
+     Array("scratch", "pitch * min(threads, max(N * M if OW >= 16 else 1, N * -(-M // 16) * -(-OH // band)))",
            write=True, scratch=True),
-     Int("pitch"), Int("band", 1), Int("threads", 1), Int("N"), Int("M"), Int("mult", 1), Int("H"), Int("W"),
-     Int("OH"), Int("OW"), *_window(), *_ACT),
+     Int("pitch"), Int("band", 1), Int("threads", 1), Int("lanes"), Int("N"), Int("M"), Int("mult", 1), Int("H"),
+     Int("W"), Int("OH"), Int("OW"), *_window(), *_ACT),
     derived=(("wide", "(OW - 1) * SW + (KW - 1) * DW + 1"), ("rows", "(min(band, OH) - 1) * SH + (KH - 1) * DH + 1"),
              ("Wq", "(wide + SW - 1) // SW"),
              ("phase", "(min(band, OH) + (KH - 1) * DH // SH) * Wq + (KW - 1) * DW // SW")),
     requires=("M % mult == 0", "KH * KW <= MAX_TAPS", _ACT_KNOWN,
-              "OW < 16 or pitch >= SH * SW * phase + min(band, OH) * Wq",
-              "OW >= 16 or pitch >= 16 * (KH * KW + rows * wide + min(band, OH) * OW)"))
-"""Depthwise layers: planes of 16 or more output columns one by one, in bands of `band` output rows
-split into stride phases in the scratch, narrower ones 16 channels at a time in bands of `band`
-output rows."""
+              "OW >= 16 and not lanes or pitch >= 16 * (KH * KW + rows * wide + min(band, OH) * OW)",
+              "OW < 16 or pitch >= SH * SW * phase + min(band, OH) * Wq"))
+"""Depthwise layers: 16 channels at a time in bands of `band` output rows; planes of 16 or more
+output columns, without AVX-512 or unless `lanes`, one by one, in bands of `band` output rows
+split into stride phases in the scratch. With `lanes` the scratch fits either, whichever the CPU
+takes."""
 
 IM2COL2D = Function(
     "conv", "omrt_im2col_f32",

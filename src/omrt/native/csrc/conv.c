@@ -2,12 +2,14 @@
  * and the im2col gather of the dense layers that BLAS then multiplies. */
 #include "omrt_lanes.h"
 
-/* Layers of narrow planes (fewer than DW_WIDE_PLANE output columns) run 16 channels at a time,
- * one vector lane each: a band of output rows of 16 planes is copied, zero-padded, into scratch
- * with the channels interleaved, every output pixel is then one vector per tap (a 7x7 plane with
- * a 5x5 window keeps all 16 lanes busy, where a loop along the plane's rows would not), and the
- * band is copied back into the 16 output planes. Wider planes run plane by plane (below): their
- * rows are long enough for vectors, and interleaving would cost more than the taps. */
+/* Layers run 16 channels at a time, one vector lane each: a band of output rows of 16 planes is
+ * copied, zero-padded, into scratch with the channels interleaved, every output pixel is then one
+ * vector per tap (a 7x7 plane with a 5x5 window keeps all 16 lanes busy, where a loop along the
+ * plane's rows would not; a strided window reads whole vectors, where along the rows it would
+ * gather), and the band is copied back into the 16 output planes. Without AVX-512 those copies
+ * go element by element, and planes of at least DW_WIDE_PLANE output columns run plane by plane
+ * instead (below): their rows are long enough for vectors. So do they when the caller's scratch
+ * holds only the bands of that path (a plan an older omrt made). */
 #define DW_WIDE_PLANE 16
 
 typedef struct {
@@ -47,29 +49,25 @@ static OMRT_INLINE void dw_phase(const dw_job *j, const float *xp, float *ph, in
     for (int64_t i = 0; i < tail; i++) ph[i] = 0.0f;
 }
 
-/* Elements of the band's sums kept in registers through all the taps (four AVX-512 vectors):
+/* Elements of the wide path's sums kept in registers through all the taps (four AVX-512 vectors):
  * summing tap by tap over the whole band would load and store every sum at each tap. */
 #define DW_CHUNK 64
 
-/* acc[i] = b + sum over taps t of w[t] * phases[at[t] + i], for i < n (n < DW_CHUNK: the band's last
- * elements, a plain loop). */
-static OMRT_INLINE void dw_chunk(const float *phases, const int64_t *at, const float *w, int64_t taps, float b,
-                                 int64_t n, float *acc) {
-    if (n < DW_CHUNK) {
-        for (int64_t i = 0; i < n; i++) acc[i] = b;
-        for (int64_t t = 0; t < taps; t++)
-            for (int64_t i = 0; i < n; i++) acc[i] += w[t] * phases[at[t] + i];
-        return;
-    }
-    omrt_lanes_vec sum[DW_CHUNK / OMRT_LANES];
-    for (int k = 0; k < DW_CHUNK / OMRT_LANES; k++) sum[k] = (omrt_lanes_vec){0} + b;
-    for (int64_t t = 0; t < taps; t++) {
-        const float *src = phases + at[t];
-        const float wv = w[t];
-        for (int k = 0; k < DW_CHUNK / OMRT_LANES; k++) sum[k] += wv * *(const omrt_lanes_vec *)(src + k * OMRT_LANES);
-    }
-    for (int k = 0; k < DW_CHUNK / OMRT_LANES; k++) *(omrt_lanes_vec *)(acc + k * OMRT_LANES) = sum[k];
-}
+/* Output pixels of a row of the narrow path computed together, each its own chain of FMAs. */
+#define DW_PIXELS 8
+
+typedef float dw_half_vec __attribute__((vector_size(OMRT_LANES / 2 * sizeof(float)), aligned(4)));
+
+#define DW_VEC omrt_lanes_vec
+#define DW_NAME(f) f##_16
+#include "conv_lanes.h"
+#undef DW_VEC
+#undef DW_NAME
+#define DW_VEC dw_half_vec
+#define DW_NAME(f) f##_8
+#include "conv_lanes.h"
+#undef DW_VEC
+#undef DW_NAME
 
 /* Output rows [o0, o0 + rows) of plane q (input plane xp, filter wp, bias b) through its phases, activated. */
 static OMRT_INLINE void dw_band(const dw_job *j, const float *xp, const float *wp, float b, float *yp, float *scratch,
@@ -91,8 +89,10 @@ static OMRT_INLINE void dw_band(const dw_job *j, const float *xp, const float *w
             const int64_t ry = kh * j->DH, rx = kw * j->DW;
             at[kh * j->KW + kw] = (ry % SH * SW + rx % SW) * size + ry / SH * Wq + rx / SW;
         }
-    for (int64_t i = 0; i < L; i += DW_CHUNK)
-        dw_chunk(scratch + i, at, wp, taps, b, L - i < DW_CHUNK ? L - i : DW_CHUNK, acc + i);
+    if (omrt_gemm_level_once() == 2)
+        dw_sums_16(scratch, at, wp, taps, b, L, acc);
+    else
+        dw_sums_8(scratch, at, wp, taps, b, L, acc);
     for (int64_t oh = 0; oh < rows; oh++)
         omrt_activate_into(yp + (o0 + oh) * j->OW, acc + oh * Wq, j->OW, j->act, j->alpha, j->beta);
 }
@@ -112,37 +112,13 @@ static OMRT_HOT void plane_part(void *p, int64_t item, int64_t thread) {
     }
 }
 
-/* DW_PIXELS output pixels of a row at a time, each its own chain of FMAs: one accumulator alone
- * would wait on its previous FMA at every tap. */
-#define DW_PIXELS 8
-
-/* Output pixels [0, n) of a row, the first reading `at`, into `out`, lanes interleaved. */
-static OMRT_INLINE void dw_pixels(const dw_job *j, const float *at, int64_t wide, const omrt_lanes_vec *taps,
-                                  const float *bias, int64_t n, float *out) {
-    omrt_lanes_vec acc[DW_PIXELS];
-    for (int64_t p = 0; p < n; p++) acc[p] = *(const omrt_lanes_vec *)bias;
-    for (int64_t kh = 0; kh < j->KH; kh++)
-        for (int64_t kw = 0; kw < j->KW; kw++) {
-            const omrt_lanes_vec t = taps[kh * j->KW + kw];
-            const float *src = at + (kh * j->DH * wide + kw * j->DW) * OMRT_LANES;
-            for (int64_t p = 0; p < n; p++) acc[p] += t * *(const omrt_lanes_vec *)(src + p * j->SW * OMRT_LANES);
-        }
-    for (int64_t p = 0; p < n; p++) *(omrt_lanes_vec *)(out + p * OMRT_LANES) = acc[p];
-}
-
-/* Output rows [o0, o1) of the block from the gathered rows, lanes interleaved, bias included. */
+/* Output rows [o0, o1) of the block from the gathered rows (see dw_rows), at the CPU's width. */
 static OMRT_HOT void dw_compute(const dw_job *j, const float *in, int64_t wide, const float *tap,
                                 const float *bias, int64_t o0, int64_t o1, float *out) {
-    const omrt_lanes_vec *taps = (const omrt_lanes_vec *)tap;
-    for (int64_t oh = o0; oh < o1; oh++)
-        for (int64_t ow = 0; ow < j->OW; ow += DW_PIXELS) {
-            const float *at = in + (((oh - o0) * j->SH) * wide + ow * j->SW) * OMRT_LANES;
-            float *dst = out + ((oh - o0) * j->OW + ow) * OMRT_LANES;
-            if (j->OW - ow >= DW_PIXELS)
-                dw_pixels(j, at, wide, taps, bias, DW_PIXELS, dst);
-            else
-                dw_pixels(j, at, wide, taps, bias, j->OW - ow, dst);
-        }
+    if (omrt_gemm_level_once() == 2)
+        dw_rows_16(j, in, wide, tap, bias, o0, o1, out);
+    else
+        dw_rows_8(j, in, wide, tap, bias, o0, o1, out);
 }
 
 /* Item (image, block of 16 channels, band of output rows) on the thread's scratch (narrow planes). */
@@ -175,17 +151,18 @@ static OMRT_HOT void block_part(void *p, int64_t item, int64_t thread) {
 
 /* y (N x M planes of OH x OW): plane (n, m) reads input plane (n, m / mult) of x (N x M/mult
  * planes of H x W) with filter w[m] (KH x KW), adds bias[m] (when bias is not NULL) and applies
- * the fused activation `act`, over `threads` threads, each with `pitch` floats of scratch. Wide
- * planes go plane by plane, `band` output rows at a time (see dw_band); narrow ones in items of
- * 16 channels by `band` output rows (see block_part). */
+ * the fused activation `act`, over `threads` threads, each with `pitch` floats of scratch. Items
+ * of 16 channels by `band` output rows (see block_part); wide planes, without AVX-512 or unless
+ * `lanes`, go plane by plane, `band` output rows at a time (see dw_band). */
 OMRT_EXPORT void omrt_dwconv2d_f32(const float *x, const float *w, const float *bias, float *y, float *scratch,
-                                   int64_t pitch, int64_t band, int64_t threads, int64_t N, int64_t M, int64_t mult,
+                                   int64_t pitch, int64_t band, int64_t threads, int64_t lanes, int64_t N, int64_t M,
+                                   int64_t mult,
                                    int64_t H, int64_t W, int64_t OH, int64_t OW, int64_t KH, int64_t KW, int64_t SH,
                                    int64_t SW, int64_t DH, int64_t DW, int64_t PT, int64_t PL, int64_t act,
                                    float alpha, float beta) {
     dw_job j = {x, w, bias, y, scratch, pitch, band, (OH + band - 1) / band, (M + OMRT_LANES - 1) / OMRT_LANES, 0, N, M,
                 mult, H, W, OH, OW, KH, KW, SH, SW, DH, DW, PT, PL, act, alpha, beta};
-    if (OW >= DW_WIDE_PLANE) {
+    if (OW >= DW_WIDE_PLANE && !(lanes && omrt_gemm_level_once() == 2)) {
         j.parts = threads < N * M ? threads : N * M;
         omrt_parallel(plane_part, &j, j.parts, threads);
     } else {

@@ -1,0 +1,90 @@
+/* The depthwise loops' arithmetic at one vector width, included by conv.c once per width:
+ * DW_VEC is the vector type (VL floats), DW_NAME(f) names this width's copy of f. Where the CPU
+ * has AVX-512 the loops run 16 floats at a time; elsewhere 8, since GCC moves 64-byte vectors
+ * through the stack on AVX2 (the loops ran 2.5-4x slower there). A 16-lane pixel of the narrow
+ * path is then two vectors, one after the other. */
+
+/* Pixels [0, n) of a row of the narrow path, the first reading `at`, into `out`, lanes
+ * interleaved: KW taps across, DW apart, windows SW apart, each pixel its own chain of FMAs (one
+ * accumulator alone would wait on its previous FMA at every tap). Called with constant KW, SW, DW
+ * and n, the loops unroll, and an input vector that several (pixel, tap) pairs read is loaded
+ * once for all of them. */
+static OMRT_INLINE void DW_NAME(dw_pixels)(const dw_job *j, const float *at, int64_t wide, const float *tap,
+                                           const float *bias, float *out, const int64_t KW, const int64_t SW,
+                                           const int64_t DW, const int64_t n) {
+    const int64_t VL = sizeof(DW_VEC) / sizeof(float);
+    for (int64_t h = 0; h < OMRT_LANES; h += VL) {
+        DW_VEC acc[DW_PIXELS];
+        for (int64_t p = 0; p < n; p++) acc[p] = *(const DW_VEC *)(bias + h);
+        for (int64_t kh = 0; kh < j->KH; kh++) {
+            const float *row = at + kh * j->DH * wide * OMRT_LANES + h;
+            for (int64_t kw = 0; kw < KW; kw++) {
+                const DW_VEC t = *(const DW_VEC *)(tap + (kh * KW + kw) * OMRT_LANES + h);
+                for (int64_t p = 0; p < n; p++) acc[p] += t * *(const DW_VEC *)(row + (p * SW + kw * DW) * OMRT_LANES);
+            }
+        }
+        for (int64_t p = 0; p < n; p++) *(DW_VEC *)(out + p * OMRT_LANES + h) = acc[p];
+    }
+}
+
+/* The common windows (3, 5 or 7 taps across, stride 1 or 2, DW_PIXELS or DW_PIXELS - 1 pixels: a
+ * 7-wide plane) with their shape constant; any other runs with it read from the job. */
+#define DW_FIXED(kw, sw)                                                                                  \
+    case kw * 4 + sw:                                                                                     \
+        if (n == DW_PIXELS)                                                                               \
+            DW_NAME(dw_pixels)(j, at, wide, tap, bias, out, kw, sw, 1, DW_PIXELS);                          \
+        else                                                                                              \
+            DW_NAME(dw_pixels)(j, at, wide, tap, bias, out, kw, sw, 1, DW_PIXELS - 1);                      \
+        return
+
+static OMRT_INLINE void DW_NAME(dw_pixels_any)(const dw_job *j, const float *at, int64_t wide, const float *tap,
+                                               const float *bias, int64_t n, float *out) {
+    switch (j->DW == 1 && n >= DW_PIXELS - 1 ? j->KW * 4 + j->SW : 0) {
+        DW_FIXED(3, 1);
+        DW_FIXED(3, 2);
+        DW_FIXED(5, 1);
+        DW_FIXED(5, 2);
+        DW_FIXED(7, 1);
+    }
+    DW_NAME(dw_pixels)(j, at, wide, tap, bias, out, j->KW, j->SW, j->DW, n);
+}
+#undef DW_FIXED
+
+/* Output rows [o0, o1) of a block of the narrow path from its gathered rows, lanes interleaved,
+ * bias included. A row's last DW_PIXELS pixels go as one group, overlapping the group before (a
+ * 14-wide row is two groups of 8): a shorter group would run the loop without its constants. */
+static OMRT_INLINE void DW_NAME(dw_rows)(const dw_job *j, const float *in, int64_t wide, const float *tap,
+                                         const float *bias, int64_t o0, int64_t o1, float *out) {
+    const int64_t n = j->OW < DW_PIXELS ? j->OW : DW_PIXELS;
+    for (int64_t oh = o0; oh < o1; oh++)
+        for (int64_t next = 0; next < j->OW; next += DW_PIXELS) {
+            const int64_t ow = next + n > j->OW ? j->OW - n : next;
+            const float *at = in + (((oh - o0) * j->SH) * wide + ow * j->SW) * OMRT_LANES;
+            DW_NAME(dw_pixels_any)(j, at, wide, tap, bias, n, out + ((oh - o0) * j->OW + ow) * OMRT_LANES);
+        }
+}
+
+/* acc[i] = b + sum over taps t of w[t] * phases[at[t] + i] for i < L (the wide path's band), DW_CHUNK
+ * sums at a time kept in registers through all the taps; the last L % DW_CHUNK a plain loop.
+ * Each weight is spread over a vector once per band, not in the loop. */
+static OMRT_INLINE void DW_NAME(dw_sums)(const float *phases, const int64_t *at, const float *w, int64_t taps,
+                                         float b, int64_t L, float *acc) {
+    const int64_t VL = sizeof(DW_VEC) / sizeof(float);
+    DW_VEC wv[taps], bv;
+    for (int64_t t = 0; t < taps; t++)
+        for (int64_t l = 0; l < VL; l++) wv[t][l] = w[t];
+    for (int64_t l = 0; l < VL; l++) bv[l] = b;
+    int64_t i = 0;
+    for (; i + DW_CHUNK <= L; i += DW_CHUNK) {
+        DW_VEC sum[DW_CHUNK / VL];
+        for (int64_t k = 0; k < DW_CHUNK / VL; k++) sum[k] = bv;
+        for (int64_t t = 0; t < taps; t++) {
+            const float *src = phases + at[t] + i;
+            for (int64_t k = 0; k < DW_CHUNK / VL; k++) sum[k] += wv[t] * *(const DW_VEC *)(src + k * VL);
+        }
+        for (int64_t k = 0; k < DW_CHUNK / VL; k++) *(DW_VEC *)(acc + i + k * VL) = sum[k];
+    }
+    for (int64_t e = i; e < L; e++) acc[e] = b;
+    for (int64_t t = 0; t < taps; t++)
+        for (int64_t e = i; e < L; e++) acc[e] += w[t] * phases[at[t] + e];
+}
