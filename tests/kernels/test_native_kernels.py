@@ -174,9 +174,9 @@ def test_max_pool_propagates_nan_like_numpy(native, lanes, band_floats, stride, 
        st.integers(1, 2), st.booleans(), st.sampled_from([3, 20]))
 def test_depthwise_conv_matches_numpy_path(native, threads, band_bytes, window, dilation, act, mult, bias, channels):
     """Layers go 16 channels at a time, 20 channels making a full block and a partial one (with
-    AVX-512; elsewhere wide planes, of 16 output columns or more, go plane by plane split into
-    stride phases: see test_depthwise_layers_agree_at_every_vector_width). Both go in bands of
-    output rows: whole planes, or (with little scratch) a few rows."""
+    AVX2; without, wide planes, of 16 output columns or more, go plane by plane split into stride
+    phases: see test_depthwise_layers_agree_at_every_vector_width). Both go in bands of output
+    rows: whole planes, or (with little scratch) a few rows."""
     attrs, (h, w) = window
     kh, kw = attrs["kernel_shape"]
     if (kh - 1) * dilation + 1 > h + attrs["pads"][0] + attrs["pads"][2] or \
@@ -230,9 +230,10 @@ print(max(float(np.abs(got[k] - want[k]).max() / np.abs(want[k]).max()) for k in
 
 @pytest.mark.parametrize("tile", ["c", "avx2", None])
 def test_depthwise_layers_agree_at_every_vector_width(depthwise_om, tile):
-    """The loop picks its path and vector width by the CPU (16 channels interleaved and 16-float
-    vectors with AVX-512; else 8-float vectors, wide planes plane by plane): OMRT_GEMM_TILE caps
-    what it sees, in a process of its own."""
+    """The loop picks its copies, path and vector width by the CPU (16 channels interleaved
+    through 16 x 16 transposes into 16-float vectors with AVX-512, through 8 x 8 ones into
+    8-float vectors with AVX2; without either, element by element and wide planes plane by
+    plane): OMRT_GEMM_TILE caps what it sees, in a process of its own."""
     env = {k: v for k, v in os.environ.items() if k != "OMRT_GEMM_TILE"}
     if tile:
         env["OMRT_GEMM_TILE"] = tile

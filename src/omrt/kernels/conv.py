@@ -26,7 +26,7 @@ from .window import (PLANE_LANES, _Chunk, _chunks, _plan_chunks, _row_chunks, sl
 
 DEPTHWISE_WIDE_PLANE = 16
 """Depthwise layers with at least this many output columns may run plane by plane (csrc/conv.c,
-DW_WIDE_PLANE: where the CPU lacks AVX-512), their rows filling vectors; otherwise 16 channels
+DW_WIDE_PLANE: where the CPU lacks AVX2), their rows filling vectors; otherwise 16 channels
 are interleaved, one per vector lane."""
 
 DEPTHWISE_BAND_BYTES = 1 << 17

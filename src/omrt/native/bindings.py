@@ -57,7 +57,7 @@ DWCONV2D = Function(
               "OW >= 16 and not lanes or pitch >= 16 * (KH * KW + rows * wide + min(band, OH) * OW)",
               "OW < 16 or pitch >= SH * SW * phase + min(band, OH) * Wq"))
 """Depthwise layers: 16 channels at a time in bands of `band` output rows; planes of 16 or more
-output columns, without AVX-512 or unless `lanes`, one by one, in bands of `band` output rows
+output columns, without AVX2 or unless `lanes`, one by one, in bands of `band` output rows
 split into stride phases in the scratch. With `lanes` the scratch fits either, whichever the CPU
 takes."""
 

@@ -6,8 +6,8 @@
  * copied, zero-padded, into scratch with the channels interleaved, every output pixel is then one
  * vector per tap (a 7x7 plane with a 5x5 window keeps all 16 lanes busy, where a loop along the
  * plane's rows would not; a strided window reads whole vectors, where along the rows it would
- * gather), and the band is copied back into the 16 output planes. Without AVX-512 those copies
- * go element by element, and planes of at least DW_WIDE_PLANE output columns run plane by plane
+ * gather), and the band is copied back into the 16 output planes. Without AVX2 those copies go
+ * element by element, and planes of at least DW_WIDE_PLANE output columns run plane by plane
  * instead (below): their rows are long enough for vectors. So do they when the caller's scratch
  * holds only the bands of that path (a plan an older omrt made). */
 #define DW_WIDE_PLANE 16
@@ -152,7 +152,7 @@ static OMRT_HOT void block_part(void *p, int64_t item, int64_t thread) {
 /* y (N x M planes of OH x OW): plane (n, m) reads input plane (n, m / mult) of x (N x M/mult
  * planes of H x W) with filter w[m] (KH x KW), adds bias[m] (when bias is not NULL) and applies
  * the fused activation `act`, over `threads` threads, each with `pitch` floats of scratch. Items
- * of 16 channels by `band` output rows (see block_part); wide planes, without AVX-512 or unless
+ * of 16 channels by `band` output rows (see block_part); wide planes, without AVX2 or unless
  * `lanes`, go plane by plane, `band` output rows at a time (see dw_band). */
 OMRT_EXPORT void omrt_dwconv2d_f32(const float *x, const float *w, const float *bias, float *y, float *scratch,
                                    int64_t pitch, int64_t band, int64_t threads, int64_t lanes, int64_t N, int64_t M,
@@ -162,7 +162,7 @@ OMRT_EXPORT void omrt_dwconv2d_f32(const float *x, const float *w, const float *
                                    float alpha, float beta) {
     dw_job j = {x, w, bias, y, scratch, pitch, band, (OH + band - 1) / band, (M + OMRT_LANES - 1) / OMRT_LANES, 0, N, M,
                 mult, H, W, OH, OW, KH, KW, SH, SW, DH, DW, PT, PL, act, alpha, beta};
-    if (OW >= DW_WIDE_PLANE && !(lanes && omrt_gemm_level_once() == 2)) {
+    if (OW >= DW_WIDE_PLANE && !(lanes && omrt_gemm_level_once() >= 1)) {
         j.parts = threads < N * M ? threads : N * M;
         omrt_parallel(plane_part, &j, j.parts, threads);
     } else {

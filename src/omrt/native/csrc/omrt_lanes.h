@@ -2,7 +2,8 @@
  * pooling) copy a band of rows of 16 planes into scratch with the planes interleaved, so that
  * each output pixel is one full vector per tap however short the planes' rows, then copy the
  * results back into the 16 output planes. With AVX-512 both copies go 16 columns at a time
- * through a 16 x 16 transpose; elsewhere element by element.
+ * through a 16 x 16 transpose, with AVX2 8 at a time through two 8 x 8 ones; elsewhere element
+ * by element.
  */
 #ifndef OMRT_LANES_H
 #define OMRT_LANES_H
@@ -111,6 +112,79 @@ OMRT_AVX512 static void omrt_lanes_scatter_avx512(const float *out, int64_t coun
         for (int64_t l = 0; l < lanes; l++) _mm512_mask_storeu_ps(planes[l] + i, omrt_lane_mask(0, n), t[l]);
     }
 }
+
+/* out[k] = column k of the 8x8 matrix whose rows are r[0..7]. */
+OMRT_AVX2 static inline void omrt_transpose8(const __m256 r[8], __m256 out[8]) {
+    __m256 t[8], u[8];
+    for (int i = 0; i < 8; i += 2) {
+        t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int g = 0; g < 8; g += 4) {
+        u[g] = _mm256_shuffle_ps(t[g], t[g + 2], 0x44);
+        u[g + 1] = _mm256_shuffle_ps(t[g], t[g + 2], 0xEE);
+        u[g + 2] = _mm256_shuffle_ps(t[g + 1], t[g + 3], 0x44);
+        u[g + 3] = _mm256_shuffle_ps(t[g + 1], t[g + 3], 0xEE);
+    }
+    for (int k = 0; k < 4; k++) {
+        out[k] = _mm256_permute2f128_ps(u[k], u[4 + k], 0x20);
+        out[k + 4] = _mm256_permute2f128_ps(u[k], u[4 + k], 0x31);
+    }
+}
+
+/* Lanes [lo, hi) of 8 set, as a maskload/maskstore mask. */
+OMRT_AVX2 static inline __m256i omrt_lane_mask8(int64_t lo, int64_t hi) {
+    const __m256i index = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    lo = lo < 0 ? 0 : lo > 8 ? 8 : lo;
+    hi = hi < 0 ? 0 : hi > 8 ? 8 : hi;
+    const __m256i from = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)lo), index);
+    const __m256i to = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)hi), index);
+    return _mm256_andnot_si256(from, to);
+}
+
+/* omrt_lanes_gather_c, 8 columns of 8 planes at a time: each plane's row is read with a masked
+ * load (the lanes outside it are `fill` and never read); `planes` past `lanes` are NULL. */
+OMRT_AVX2 static void omrt_lanes_gather_avx2(const omrt_lanes_source *s, const float *const *planes, int64_t i0,
+                                             int64_t rows, int64_t wide, float *in) {
+    const __m256 fill = _mm256_set1_ps(s->fill);
+    for (int64_t r = 0; r < rows; r++) {
+        const int64_t ih = i0 + r;
+        float *dst = in + r * wide * OMRT_LANES;
+        if (ih < 0 || ih >= s->H) {
+            for (int64_t i = 0; i < wide * 2; i++) _mm256_storeu_ps(dst + i * 8, fill);
+            continue;
+        }
+        for (int64_t c = 0; c < wide; c += 8) {
+            const int64_t from = c - s->PL, cols = wide - c < 8 ? wide - c : 8;
+            const __m256i inside = omrt_lane_mask8(-from, s->W - from);
+            for (int h = 0; h < OMRT_LANES; h += 8) {
+                __m256 v[8], t[8];
+                for (int l = 0; l < 8; l++)
+                    v[l] = planes[h + l] ? _mm256_blendv_ps(fill, _mm256_maskload_ps(planes[h + l] + ih * s->W + from,
+                                                                                     inside),
+                                                            _mm256_castsi256_ps(inside))
+                                         : fill;
+                omrt_transpose8(v, t);
+                for (int64_t k = 0; k < cols; k++) _mm256_storeu_ps(dst + (c + k) * OMRT_LANES + h, t[k]);
+            }
+        }
+    }
+}
+
+/* omrt_lanes_scatter_c, 8 pixels of 8 planes at a time through a transpose. */
+OMRT_AVX2 static void omrt_lanes_scatter_avx2(const float *out, int64_t count, float *const *planes, int64_t lanes) {
+    for (int64_t i = 0; i < count; i += 8) {
+        const int64_t n = count - i < 8 ? count - i : 8;
+        const __m256i first = omrt_lane_mask8(0, n);
+        for (int64_t h = 0; h < lanes; h += 8) {
+            __m256 v[8], t[8];
+            for (int64_t k = 0; k < 8; k++)
+                v[k] = k < n ? _mm256_loadu_ps(out + (i + k) * OMRT_LANES + h) : _mm256_setzero_ps();
+            omrt_transpose8(v, t);
+            for (int64_t l = 0; l < 8 && h + l < lanes; l++) _mm256_maskstore_ps(planes[h + l] + i, first, t[l]);
+        }
+    }
+}
 #endif
 
 /* The band's rows, interleaved (see omrt_lanes_gather_c); `planes` past `lanes` are NULL. */
@@ -119,6 +193,10 @@ static inline void omrt_lanes_gather(const omrt_lanes_source *s, const float *co
 #ifdef OMRT_X86
     if (omrt_gemm_level_once() == 2) {
         omrt_lanes_gather_avx512(s, planes, i0, rows, wide, in);
+        return;
+    }
+    if (omrt_gemm_level_once() == 1) {
+        omrt_lanes_gather_avx2(s, planes, i0, rows, wide, in);
         return;
     }
 #endif
@@ -130,6 +208,10 @@ static inline void omrt_lanes_scatter(const float *out, int64_t count, float *co
 #ifdef OMRT_X86
     if (omrt_gemm_level_once() == 2) {
         omrt_lanes_scatter_avx512(out, count, planes, lanes);
+        return;
+    }
+    if (omrt_gemm_level_once() == 1) {
+        omrt_lanes_scatter_avx2(out, count, planes, lanes);
         return;
     }
 #endif
