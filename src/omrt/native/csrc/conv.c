@@ -53,6 +53,10 @@ static OMRT_INLINE void dw_phase(const dw_job *j, const float *xp, float *ph, in
  * summing tap by tap over the whole band would load and store every sum at each tap. */
 #define DW_CHUNK 64
 
+/* Taps of the wide path whose weights are spread over vectors at a time, on the stack (a window
+ * may have up to MAX_TAPS). */
+#define DW_TAP_BLOCK 32
+
 /* Output pixels of a row of the narrow path computed together, each its own chain of FMAs. */
 #define DW_PIXELS 8
 

@@ -65,26 +65,28 @@ static OMRT_INLINE void DW_NAME(dw_rows)(const dw_job *j, const float *in, int64
 }
 
 /* acc[i] = b + sum over taps t of w[t] * phases[at[t] + i] for i < L (the wide path's band), DW_CHUNK
- * sums at a time kept in registers through all the taps; the last L % DW_CHUNK a plain loop.
- * Each weight is spread over a vector once per band, not in the loop. */
+ * sums at a time kept in registers through DW_TAP_BLOCK taps (all of a common window's); the last
+ * L % DW_CHUNK a plain loop. Each weight is spread over a vector once per band, not in the loop. */
 static OMRT_INLINE void DW_NAME(dw_sums)(const float *phases, const int64_t *at, const float *w, int64_t taps,
                                          float b, int64_t L, float *acc) {
-    const int64_t VL = sizeof(DW_VEC) / sizeof(float);
-    DW_VEC wv[taps], bv;
-    for (int64_t t = 0; t < taps; t++)
-        for (int64_t l = 0; l < VL; l++) wv[t][l] = w[t];
+    const int64_t VL = sizeof(DW_VEC) / sizeof(float), whole = L - L % DW_CHUNK;
+    DW_VEC wv[DW_TAP_BLOCK], bv;
     for (int64_t l = 0; l < VL; l++) bv[l] = b;
-    int64_t i = 0;
-    for (; i + DW_CHUNK <= L; i += DW_CHUNK) {
-        DW_VEC sum[DW_CHUNK / VL];
-        for (int64_t k = 0; k < DW_CHUNK / VL; k++) sum[k] = bv;
-        for (int64_t t = 0; t < taps; t++) {
-            const float *src = phases + at[t] + i;
-            for (int64_t k = 0; k < DW_CHUNK / VL; k++) sum[k] += wv[t] * *(const DW_VEC *)(src + k * VL);
+    for (int64_t t0 = 0; t0 < taps; t0 += DW_TAP_BLOCK) {
+        const int64_t t1 = t0 + DW_TAP_BLOCK < taps ? t0 + DW_TAP_BLOCK : taps;
+        for (int64_t t = t0; t < t1; t++)
+            for (int64_t l = 0; l < VL; l++) wv[t - t0][l] = w[t];
+        for (int64_t i = 0; i < whole; i += DW_CHUNK) {
+            DW_VEC sum[DW_CHUNK / VL];
+            for (int64_t k = 0; k < DW_CHUNK / VL; k++) sum[k] = t0 ? *(const DW_VEC *)(acc + i + k * VL) : bv;
+            for (int64_t t = t0; t < t1; t++) {
+                const float *src = phases + at[t] + i;
+                for (int64_t k = 0; k < DW_CHUNK / VL; k++) sum[k] += wv[t - t0] * *(const DW_VEC *)(src + k * VL);
+            }
+            for (int64_t k = 0; k < DW_CHUNK / VL; k++) *(DW_VEC *)(acc + i + k * VL) = sum[k];
         }
-        for (int64_t k = 0; k < DW_CHUNK / VL; k++) *(DW_VEC *)(acc + i + k * VL) = sum[k];
     }
-    for (int64_t e = i; e < L; e++) acc[e] = b;
+    for (int64_t e = whole; e < L; e++) acc[e] = b;
     for (int64_t t = 0; t < taps; t++)
-        for (int64_t e = i; e < L; e++) acc[e] += w[t] * phases[at[t] + e];
+        for (int64_t e = whole; e < L; e++) acc[e] += w[t] * phases[at[t] + e];
 }
