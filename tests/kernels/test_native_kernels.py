@@ -195,11 +195,12 @@ def test_depthwise_conv_matches_numpy_path(native, threads, band_bytes, window, 
 
 
 DEPTHWISE_LAYERS = [(30, 3, 1, 1), (30, 3, 2, 1), (30, 5, 2, 1), (30, 3, 1, 2), (30, 2, 1, 1), (30, 7, 1, 1),
-                    (16, 5, 1, 1), (16, 3, 2, 1), (9, 5, 1, 1), (9, 7, 1, 1), (9, 3, 2, 2)]
+                    (16, 5, 1, 1), (16, 3, 2, 1), (9, 5, 1, 1), (9, 7, 1, 1), (9, 3, 2, 2), (40, 2, 5, 1)]
 """(input size, taps across, stride, dilation) of the depthwise layers checked at every vector
 width: wide planes (16 or more output columns) and narrow ones, the windows the loop has
-unrolled (3, 5 and 7 taps at stride 1 or 2; a 7-wide output row) and others; 49 taps are more
-than the plane-by-plane path spreads over vectors at once."""
+unrolled (3, 5 and 7 taps at stride 1 or 2; a 7-wide output row) and others (2 taps at stride 5:
+8 output columns, the group size of the unrolled loops); 49 taps are more than the
+plane-by-plane path spreads over vectors at once."""
 
 
 @pytest.fixture(scope="module")

@@ -49,7 +49,7 @@ static OMRT_INLINE void dw_phase(const dw_job *j, const float *xp, float *ph, in
     for (int64_t i = 0; i < tail; i++) ph[i] = 0.0f;
 }
 
-/* Elements of the wide path's sums kept in registers through all the taps (four AVX-512 vectors):
+/* Elements of the wide path's sums kept in registers through all the taps (eight vectors of 8):
  * summing tap by tap over the whole band would load and store every sum at each tap. */
 #define DW_CHUNK 64
 
@@ -57,21 +57,37 @@ static OMRT_INLINE void dw_phase(const dw_job *j, const float *xp, float *ph, in
  * may have up to MAX_TAPS). */
 #define DW_TAP_BLOCK 32
 
-/* Output pixels of a row of the narrow path computed together, each its own chain of FMAs. */
-#define DW_PIXELS 8
-
+/* 8 floats: the wide path runs where the CPU lacks AVX2 (or a plan an older omrt made asks for
+ * it), and GCC moves 64-byte vectors through the stack there. */
 typedef float dw_half_vec __attribute__((vector_size(OMRT_LANES / 2 * sizeof(float)), aligned(4)));
 
-#define DW_VEC omrt_lanes_vec
-#define DW_NAME(f) f##_16
-#include "conv_lanes.h"
-#undef DW_VEC
-#undef DW_NAME
-#define DW_VEC dw_half_vec
-#define DW_NAME(f) f##_8
-#include "conv_lanes.h"
-#undef DW_VEC
-#undef DW_NAME
+/* acc[i] = b + sum over taps t of w[t] * phases[at[t] + i] for i < L (the wide path's band), DW_CHUNK
+ * sums at a time kept in registers through DW_TAP_BLOCK taps (all of a common window's); the last
+ * L % DW_CHUNK a plain loop. Each weight is spread over a vector once per band, not in the loop. */
+static OMRT_INLINE void dw_sums(const float *phases, const int64_t *at, const float *w, int64_t taps, float b,
+                                int64_t L, float *acc) {
+    enum { VL = sizeof(dw_half_vec) / sizeof(float) };
+    const int64_t whole = L - L % DW_CHUNK;
+    dw_half_vec wv[DW_TAP_BLOCK], bv;
+    for (int64_t l = 0; l < VL; l++) bv[l] = b;
+    for (int64_t t0 = 0; t0 < taps; t0 += DW_TAP_BLOCK) {
+        const int64_t t1 = t0 + DW_TAP_BLOCK < taps ? t0 + DW_TAP_BLOCK : taps;
+        for (int64_t t = t0; t < t1; t++)
+            for (int64_t l = 0; l < VL; l++) wv[t - t0][l] = w[t];
+        for (int64_t i = 0; i < whole; i += DW_CHUNK) {
+            dw_half_vec sum[DW_CHUNK / VL];
+            for (int64_t k = 0; k < DW_CHUNK / VL; k++) sum[k] = t0 ? *(const dw_half_vec *)(acc + i + k * VL) : bv;
+            for (int64_t t = t0; t < t1; t++) {
+                const float *src = phases + at[t] + i;
+                for (int64_t k = 0; k < DW_CHUNK / VL; k++) sum[k] += wv[t - t0] * *(const dw_half_vec *)(src + k * VL);
+            }
+            for (int64_t k = 0; k < DW_CHUNK / VL; k++) *(dw_half_vec *)(acc + i + k * VL) = sum[k];
+        }
+    }
+    for (int64_t e = whole; e < L; e++) acc[e] = b;
+    for (int64_t t = 0; t < taps; t++)
+        for (int64_t e = whole; e < L; e++) acc[e] += w[t] * phases[at[t] + e];
+}
 
 /* Output rows [o0, o0 + rows) of plane q (input plane xp, filter wp, bias b) through its phases, activated. */
 static OMRT_INLINE void dw_band(const dw_job *j, const float *xp, const float *wp, float b, float *yp, float *scratch,
@@ -93,10 +109,7 @@ static OMRT_INLINE void dw_band(const dw_job *j, const float *xp, const float *w
             const int64_t ry = kh * j->DH, rx = kw * j->DW;
             at[kh * j->KW + kw] = (ry % SH * SW + rx % SW) * size + ry / SH * Wq + rx / SW;
         }
-    if (omrt_gemm_level_once() == 2)
-        dw_sums_16(scratch, at, wp, taps, b, L, acc);
-    else
-        dw_sums_8(scratch, at, wp, taps, b, L, acc);
+    dw_sums(scratch, at, wp, taps, b, L, acc);
     for (int64_t oh = 0; oh < rows; oh++)
         omrt_activate_into(yp + (o0 + oh) * j->OW, acc + oh * Wq, j->OW, j->act, j->alpha, j->beta);
 }
@@ -116,13 +129,30 @@ static OMRT_HOT void plane_part(void *p, int64_t item, int64_t thread) {
     }
 }
 
+/* Output pixels of a row of the narrow path computed together, each its own chain of FMAs. */
+#define DW_PIXELS 8
+
+#define DW_VEC dw_half_vec
+#define DW_NAME(f) f##_8
+#define DW_TARGET OMRT_HOT_AVX2
+#include "conv_lanes.h"
+#ifdef OMRT_X86
+#define DW_VEC omrt_lanes_vec
+#define DW_NAME(f) f##_16
+#define DW_TARGET OMRT_AVX512
+#include "conv_lanes.h"
+#endif
+
 /* Output rows [o0, o1) of the block from the gathered rows (see dw_rows), at the CPU's width. */
-static OMRT_HOT void dw_compute(const dw_job *j, const float *in, int64_t wide, const float *tap,
-                                const float *bias, int64_t o0, int64_t o1, float *out) {
-    if (omrt_gemm_level_once() == 2)
-        dw_rows_16(j, in, wide, tap, bias, o0, o1, out);
-    else
-        dw_rows_8(j, in, wide, tap, bias, o0, o1, out);
+static void dw_compute(const dw_job *j, const float *in, int64_t wide, const float *tap, const float *bias,
+                       int64_t o0, int64_t o1, float *out) {
+#ifdef OMRT_X86
+    if (omrt_gemm_level_once() == 2) {
+        dw_compute_16(j, in, wide, tap, bias, o0, o1, out);
+        return;
+    }
+#endif
+    dw_compute_8(j, in, wide, tap, bias, o0, o1, out);
 }
 
 /* Item (image, block of 16 channels, band of output rows) on the thread's scratch (narrow planes). */

@@ -1,8 +1,9 @@
-/* The depthwise loops' arithmetic at one vector width, included by conv.c once per width:
- * DW_VEC is the vector type (VL floats), DW_NAME(f) names this width's copy of f. Where the CPU
- * has AVX-512 the loops run 16 floats at a time; elsewhere 8, since GCC moves 64-byte vectors
- * through the stack on AVX2 (the loops ran 2.5-4x slower there). A 16-lane pixel of the narrow
- * path is then two vectors, one after the other. */
+/* The depthwise pixel loop over interleaved lanes at one vector width, included by conv.c once
+ * per width: DW_VEC is the vector type (VL floats), DW_NAME(f) names this width's copy of f,
+ * DW_TARGET the ISAs it is compiled for (the others would never run it). Where the CPU has
+ * AVX-512 it runs 16 floats at a time; elsewhere 8, since GCC moves 64-byte vectors through the
+ * stack on AVX2 (the loop ran 2.5-4x slower there). A 16-lane pixel is then two vectors, one
+ * after the other. */
 
 /* Pixels [0, n) of a row of the narrow path, the first reading `at`, into `out`, lanes
  * interleaved: KW taps across, DW apart, windows SW apart, each pixel its own chain of FMAs (one
@@ -28,7 +29,8 @@ static OMRT_INLINE void DW_NAME(dw_pixels)(const dw_job *j, const float *at, int
 }
 
 /* The common windows (3, 5 or 7 taps across, stride 1 or 2, DW_PIXELS or DW_PIXELS - 1 pixels: a
- * 7-wide plane) with their shape constant; any other runs with it read from the job. */
+ * 7-wide plane) with their shape constant; any other runs with it read from the job. The case
+ * is KW * 4 + SW, unique for strides up to 3. */
 #define DW_FIXED(kw, sw)                                                                                  \
     case kw * 4 + sw:                                                                                     \
         if (n == DW_PIXELS)                                                                               \
@@ -39,7 +41,7 @@ static OMRT_INLINE void DW_NAME(dw_pixels)(const dw_job *j, const float *at, int
 
 static OMRT_INLINE void DW_NAME(dw_pixels_any)(const dw_job *j, const float *at, int64_t wide, const float *tap,
                                                const float *bias, int64_t n, float *out) {
-    switch (j->DW == 1 && n >= DW_PIXELS - 1 ? j->KW * 4 + j->SW : 0) {
+    switch (j->DW == 1 && j->SW <= 2 && n >= DW_PIXELS - 1 ? j->KW * 4 + j->SW : 0) {
         DW_FIXED(3, 1);
         DW_FIXED(3, 2);
         DW_FIXED(5, 1);
@@ -64,29 +66,12 @@ static OMRT_INLINE void DW_NAME(dw_rows)(const dw_job *j, const float *in, int64
         }
 }
 
-/* acc[i] = b + sum over taps t of w[t] * phases[at[t] + i] for i < L (the wide path's band), DW_CHUNK
- * sums at a time kept in registers through DW_TAP_BLOCK taps (all of a common window's); the last
- * L % DW_CHUNK a plain loop. Each weight is spread over a vector once per band, not in the loop. */
-static OMRT_INLINE void DW_NAME(dw_sums)(const float *phases, const int64_t *at, const float *w, int64_t taps,
-                                         float b, int64_t L, float *acc) {
-    const int64_t VL = sizeof(DW_VEC) / sizeof(float), whole = L - L % DW_CHUNK;
-    DW_VEC wv[DW_TAP_BLOCK], bv;
-    for (int64_t l = 0; l < VL; l++) bv[l] = b;
-    for (int64_t t0 = 0; t0 < taps; t0 += DW_TAP_BLOCK) {
-        const int64_t t1 = t0 + DW_TAP_BLOCK < taps ? t0 + DW_TAP_BLOCK : taps;
-        for (int64_t t = t0; t < t1; t++)
-            for (int64_t l = 0; l < VL; l++) wv[t - t0][l] = w[t];
-        for (int64_t i = 0; i < whole; i += DW_CHUNK) {
-            DW_VEC sum[DW_CHUNK / VL];
-            for (int64_t k = 0; k < DW_CHUNK / VL; k++) sum[k] = t0 ? *(const DW_VEC *)(acc + i + k * VL) : bv;
-            for (int64_t t = t0; t < t1; t++) {
-                const float *src = phases + at[t] + i;
-                for (int64_t k = 0; k < DW_CHUNK / VL; k++) sum[k] += wv[t - t0] * *(const DW_VEC *)(src + k * VL);
-            }
-            for (int64_t k = 0; k < DW_CHUNK / VL; k++) *(DW_VEC *)(acc + i + k * VL) = sum[k];
-        }
-    }
-    for (int64_t e = whole; e < L; e++) acc[e] = b;
-    for (int64_t t = 0; t < taps; t++)
-        for (int64_t e = whole; e < L; e++) acc[e] += w[t] * phases[at[t] + e];
+/* dw_rows at this width, compiled for DW_TARGET alone. */
+static DW_TARGET void DW_NAME(dw_compute)(const dw_job *j, const float *in, int64_t wide, const float *tap,
+                                          const float *bias, int64_t o0, int64_t o1, float *out) {
+    DW_NAME(dw_rows)(j, in, wide, tap, bias, o0, o1, out);
 }
+
+#undef DW_VEC
+#undef DW_NAME
+#undef DW_TARGET
