@@ -167,6 +167,22 @@ def test_max_pool_propagates_nan_like_numpy(native, lanes, band_floats, stride, 
     assert all(np.isnan(got[0, 0, r, c]) for r, c in nans) and np.isnan(got).sum() == len(nans)
 
 
+@pytest.mark.parametrize("band_floats", BANDS)
+@pytest.mark.parametrize("column", [0, 17, 104, 110])
+def test_wide_max_pools_keep_each_nan_and_take_infinities_as_values(native, band_floats, column, monkeypatch):
+    """Rows of 111 (the row path's vectors, then its tail of 7), a NaN at `column` of one plane,
+    rows of +inf and -inf in another (an infinity is no NaN: nothing is rescanned for it)."""
+    monkeypatch.setattr(pool, "BAND_FLOATS", band_floats)
+    x = randn(1, 3, 9, 111)
+    x[0, 1, 4, column] = -np.nan
+    x[0, 2, 3] = np.inf
+    x[0, 2, 6, ::2] = -np.inf
+    got = agree("MaxPool", [x], {"kernel_shape": [3, 3], "strides": [2, 2]}, native)
+    windows = [c for c in range(55) if 2 * c <= column <= 2 * c + 2]
+    assert {(r, c) for r, c in zip(*np.nonzero(np.isnan(got[0, 1])))} == {(r, c) for r in (1, 2) for c in windows}
+    assert not np.isnan(got[0, [0, 2]]).any() and (got[0, 2, 1] == np.inf).all()
+
+
 @pytest.mark.parametrize("threads", [1, 2], indirect=True)
 @pytest.mark.parametrize("band_bytes", [conv_module.DEPTHWISE_BAND_BYTES, 2048])
 @SETTINGS
