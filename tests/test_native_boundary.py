@@ -77,7 +77,7 @@ def _calls() -> dict:
         # 14 filters: a full panel and a partial one; a residual; the shared buffer split over two threads
         bindings.PCONV2D: [_f32(1, 4, 5, 5), _f32(2, 36, 12), _f32(14), _f32(1, 14, 5, 5), _f32(1, 14, 5, 5),
                            _f32(36 * 25),
-                           _f32(2 * 36 * 32), 5, 0, 32, 2, 1, 4, 5, 5, 14, 1, 0, 5, 5, *window3, 1, 0.0, 0.0],
+                           _f32(2 * 36 * 32), 5, 0, 32, 2, 1, 4, 5, 5, 14, 1, 0, 0, 5, 5, *window3, 1, 0.0, 0.0],
         bindings.GEMM_TILE: [np.zeros(1, np.int64)],
         # 16 planes at a time (4 of them), in bands of one output row: the most 240 floats hold
         bindings.POOL2D: [_f32(4, 6, 6), _f32(4, 3, 3), None, _f32(240), 240, 1, 4, 6, 6, 3, 3, 2, 2, 2, 2, 1, 1,
@@ -126,12 +126,21 @@ OTHER_PATHS = [
     # a 1x1 layer of 64 positions: the tile reads both strips of 32 columns in place, the last one
     # ending at x's last float
     (bindings.PCONV2D, [_f32(1, 4, 8, 8), _f32(1, 4, 12), _f32(5), _f32(1, 5, 8, 8), _f32(1, 5, 8, 8), _f32(1),
-                        _f32(4 * 32), 8, 0, 32, 1, 1, 4, 8, 8, 5, 1, 0, 8, 8, 1, 1, 1, 1, 1, 1, 0, 0, 1, 0.0, 0.0]),
+                        _f32(4 * 32), 8, 0, 32, 1, 1, 4, 8, 8, 5, 1, 0, 0, 8, 8, 1, 1, 1, 1, 1, 1, 0, 0, 1, 0.0, 0.0]),
+    # the same with the filters in the lanes: 5 panels of 12 positions read in place, the last 4
+    # copied (zero-padded) into the thread's strips, 14 filters of a strip of 32
+    (bindings.PCONV2D, [_f32(1, 4, 8, 8), _f32(1, 4, 32), _f32(14), _f32(1, 14, 8, 8), _f32(1, 14, 8, 8), _f32(1),
+                        _f32(4 * 32), 8, 0, 32, 1, 1, 4, 8, 8, 14, 1, 0, 1, 8, 8, 1, 1, 1, 1, 1, 1, 0, 0, 1, 0.0,
+                        0.0]),
+    # 3x3, the filters in the lanes, 40 of them (a strip and part of one) cut between two threads
+    (bindings.PCONV2D, [_f32(1, 4, 5, 5), _f32(2, 36, 32), _f32(40), _f32(1, 40, 5, 5), _f32(1, 40, 5, 5),
+                        _f32(36 * 25), _f32(2 * 36 * 32), 5, 0, 32, 2, 1, 4, 5, 5, 40, 1, 0, 1, 5, 5, 3, 3, 1, 1,
+                        1, 1, 1, 1, 1, 0.0, 0.0]),
     # 2 groups of 7 filters, 1x1, shuffled: each group's single panel reads its own 2 channels and
     # writes every other plane, the residual beside it
     (bindings.PCONV2D, [_f32(1, 4, 8, 8), _f32(2, 2, 12), _f32(14), _f32(1, 14, 8, 8), _f32(1, 14, 8, 8), _f32(1),
-                        _f32(2 * 2 * 32), 8, 0, 32, 2, 1, 4, 8, 8, 14, 2, 1, 8, 8, 1, 1, 1, 1, 1, 1, 0, 0, 1, 0.0,
-                        0.0]),
+                        _f32(2 * 2 * 32), 8, 0, 32, 2, 1, 4, 8, 8, 14, 2, 1, 0, 8, 8, 1, 1, 1, 1, 1, 1, 0, 0, 1,
+                        0.0, 0.0]),
     # 4x4 tiles (36 elements): 4 tiles in two chunks of 2, over two threads
     (bindings.WINOGRAD, [_f32(1, 16, 6, 6), _f32(36, 2, 16, 12), _f32(16), _f32(1, 16, 6, 6), _f32(2 * 19952),
                          19008, 19952, 2, 0, 12, 4, 2, 1, 16, 6, 6, 16, 6, 6, 1, 1, 0, 0.0, 0.0]),
@@ -202,6 +211,8 @@ BROKEN_RULES = [
     (bindings.POOL2D, 4, 5, r"requires pitch >= W"),
     (bindings.PCONV2D, 9, 48, r"requires block % GEMM_MAX_NR == 0"),
     (bindings.PCONV2D, 17, 2, r"requires shuffle <= 1"),
+    (bindings.PCONV2D, 18, 2, r"requires lanes <= 1"),
+    (bindings.PCONV2D, 18, 1, r"panels must hold .* = 1152 floats"),  # panels of 12 read as strips of 32
     (bindings.WINOGRAD, 5, 8447, r"requires v_floats >="),
     (bindings.WINOGRAD, 8, 1, r"work must hold v_floats \+ min\(threads, max\(C, F\)\) \* slot_floats"),
     (bindings.WINOGRAD, 9, 6, r"requires fpass % GEMM_PANEL == 0"),

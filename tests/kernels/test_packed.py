@@ -23,9 +23,15 @@ from omrt.native.bindings import GEMM_TILES
 from test_native_kernels import ACTS, _activated
 
 
+def _pack(w: np.ndarray, group: int, lanes: bool) -> np.ndarray:
+    """The filters as the compiler packs them: panels, or strips with the filters in the lanes."""
+    return packed.pack_filter_strips(w, group) if lanes else packed.pack_panels(w, group)
+
+
 def _kernel(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, attrs: dict, native,
-            residual: np.ndarray | None = None, shuffled: bool = False) -> packed.PackedConv:
-    panels = packed.pack_panels(w, attrs.get("group", 1))
+            residual: np.ndarray | None = None, shuffled: bool = False, lanes: bool = False) -> packed.PackedConv:
+    attrs = {**attrs, "lanes": 1} if lanes else attrs
+    panels = _pack(w, attrs.get("group", 1), lanes)
     ctx = OpContext(attrs, 1, name="t", op_type="PackedConv", native=native)
     infos = [TensorInfo(x.dtype, x.shape), TensorInfo(w.dtype, w.shape),
              None if bias is None else TensorInfo(bias.dtype, bias.shape), TensorInfo(panels.dtype, panels.shape)]
@@ -43,7 +49,7 @@ def _run(kernel: packed.PackedConv, x, w, bias, residual: np.ndarray | None = No
     y = np.full(kernel.outputs[0].shape, np.nan, np.float32)
     if over_residual:
         y = residual = residual.copy()
-    inputs = [x, w, bias, packed.pack_panels(w, kernel.group)] + ([] if residual is None else [residual])
+    inputs = [x, w, bias, _pack(w, kernel.group, kernel.lanes)] + ([] if residual is None else [residual])
     kernel.run(inputs, [y], np.full(kernel.workspace(), 0xCD, np.uint8))
     return y
 
@@ -81,6 +87,50 @@ def test_strips_hold_thirty_two_columns_per_row_and_zeros_past_the_last():
     assert not strips[1, :, 8:].any()
 
 
+def test_filter_strips_hold_thirty_two_filters_per_tap_each_group_on_its_own():
+    w = randn(80, 3, 2, 2)
+    strips = packed.pack_filter_strips(w, 2)
+    assert strips.shape == (4, 12, packed.STRIP) and strips.flags.c_contiguous
+    for g in range(2):
+        flat = w[40 * g:40 * (g + 1)].reshape(40, 12)
+        np.testing.assert_array_equal(strips[2 * g], flat[:32].T)
+        np.testing.assert_array_equal(strips[2 * g + 1, :, :8], flat[32:].T)
+        assert not strips[2 * g + 1, :, 8:].any()
+
+
+@pytest.mark.parametrize("positions, filters, taps, lanes", [
+    (49, 512, 2048, True), (49, 64, 64, True),          # 7x7: strips of positions 0.77 full
+    (196, 256, 128, True), (196, 128, 64, False),       # 14x14: 0.94 full, deep enough or not
+    (169, 1000, 512, True), (169, 256, 64, False),      # 13x13
+    (3136, 64, 256, True), (3136, 256, 64, False),      # 56x56: as full either way
+    (12321, 64, 27, False), (49, 40, 64, False)])       # a stem; 40 filters: strips 0.83 full
+def test_layers_of_few_positions_and_deep_enough_products_put_the_filters_in_the_lanes(positions, filters, taps,
+                                                                                       lanes):
+    assert packed.filter_lanes(positions, filters, taps) is lanes
+
+
+def test_a_7x7_layer_compiles_with_its_filters_in_the_lanes_and_agrees_untrusted(native, tmp_path):
+    rng = np.random.default_rng(3)
+    w = (rng.standard_normal((64, 96, 1, 1)) / 10).astype(np.float32)
+    b = rng.standard_normal(64).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w", "b"], ["c"]), helper.make_node("Relu", ["c"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 96, 7, 7])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64, 7, 7])],
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")])
+    src, path = tmp_path / "m.onnx", tmp_path / "m.om"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), src)
+    omrt.compile(str(src), str(path), progress=None)
+    trusted = omrt.load(str(path), trust_kernels=True)
+    node = trusted.graph.nodes[0]
+    assert (node.op_type, node.attrs.get("lanes"), node.inputs[3]) == ("PackedConv", 1, "w__lanes")
+    x = rng.standard_normal((1, 96, 7, 7)).astype(np.float32)
+    want = np.maximum(np.einsum("mc,nchw->nmhw", w[:, :, 0, 0], x) + b[:, None, None], 0)
+    for model in (trusted, omrt.load(str(path))):
+        got = model.session().run({"x": x})["y"]
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * float(np.abs(want).max()))
+
+
 def test_only_dense_2d_float_layers_with_a_c_activation_are_packed():
     x, w = TensorInfo(np.dtype(np.float32), (1, 8, 6, 6)), randn(4, 8, 3, 3)
     assert packed.eligible({}, x, w) and packed.eligible({"strides": [2, 2], "_act": "Clip"}, x, w)
@@ -95,11 +145,13 @@ def test_only_dense_2d_float_layers_with_a_c_activation_are_packed():
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.integers(1, 2), st.integers(1, 20), st.integers(1, 40), st.integers(1, 12), st.integers(1, 12),
        st.integers(1, 5), st.integers(1, 3), st.integers(1, 2), st.lists(st.integers(0, 2), min_size=4, max_size=4),
-       st.sampled_from(sorted(ACTS, key=str)), st.booleans(), st.integers(1, 2), st.booleans(), st.booleans())
+       st.sampled_from(sorted(ACTS, key=str)), st.booleans(), st.integers(1, 2), st.booleans(), st.booleans(),
+       st.booleans())
 def test_packed_conv_matches_reference(native, monkeypatch, n, c, f, h, w, k, stride, dilation, pads, act, bias,
-                                       threads, residual, numpy_path):
-    """Against onnx.reference: act(Conv(X, W, B) [+ R]), through the tile (BLAS for few positions, or
-    on a CPU without a vector tile) or, without the library, numpy."""
+                                       threads, residual, numpy_path, lanes):
+    """Against onnx.reference: act(Conv(X, W, B) [+ R]), through the tile, with the filters in panels
+    or in the vector lanes (BLAS for few positions, or on a CPU without a vector tile) or, without
+    the library, numpy."""
     if h + pads[0] + pads[2] < (k - 1) * dilation + 1 or w + pads[1] + pads[3] < (k - 1) * dilation + 1:
         return
     x, weight = randn(n, c, h, w), randn(f, c, k, k)
@@ -111,7 +163,7 @@ def test_packed_conv_matches_reference(native, monkeypatch, n, c, f, h, w, k, st
     monkeypatch.setattr(parallel, "NATIVE_SPLIT_FLOPS", 0)
     omrt.set_num_threads(threads)
     try:
-        kernel = _kernel(x, weight, b, {**attrs, **ACTS[act]}, library, r)
+        kernel = _kernel(x, weight, b, {**attrs, **ACTS[act]}, library, r, lanes=lanes)
         assert (kernel.native_packed is not None) == (_takes_the_tile(kernel, native) and not numpy_path)
         y = _run(kernel, x, weight, b, r)
     finally:
@@ -125,12 +177,14 @@ def test_packed_conv_matches_reference(native, monkeypatch, n, c, f, h, w, k, st
 @pytest.mark.parametrize("act", ["Clip", None])
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("filters", [40, 140])
+@pytest.mark.parametrize("lanes", [False, True], ids=["panels", "lanes"])
 def test_long_products_keep_bias_residual_and_activation(native, monkeypatch, c, k, stride, pads, act, threads,
-                                                         filters):
+                                                         filters, lanes):
     """Products over more rows (C * KH * KW, 540 to 900) than the property test reaches, with a
     partial strip at the end (99 positions); 40 filters read whole strips of columns in place, 140
-    (more than the GEMM's in-place rows) copy every strip; once into y and once over the residual
-    (the plan's PackedResidualConv.inplace)."""
+    (more than the GEMM's in-place rows) copy every strip; with the filters in the lanes, 99
+    positions are 8 whole panels read in place and 3 copied, and 40 or 140 filters end in a
+    partial strip; once into y and once over the residual (the plan's PackedResidualConv.inplace)."""
     x, weight = randn(1, c, 9, 11), randn(filters, c, k, k) / np.float32(np.sqrt(c * k * k))
     b = randn(filters)
     attrs = {"pads": pads, "strides": [stride, stride]}
@@ -139,7 +193,7 @@ def test_long_products_keep_bias_residual_and_activation(native, monkeypatch, c,
     monkeypatch.setattr(parallel, "NATIVE_SPLIT_FLOPS", 0)
     omrt.set_num_threads(threads)
     try:
-        kernel = _kernel(x, weight, b, {**attrs, **ACTS[act]}, native, r)
+        kernel = _kernel(x, weight, b, {**attrs, **ACTS[act]}, native, r, lanes=lanes)
         assert (kernel.native_packed is not None) == _takes_the_tile(kernel, native)
         ys = [_run(kernel, x, weight, b, r, over_residual) for over_residual in (False, True)]
     finally:
@@ -261,20 +315,24 @@ got = trusted.session().run({{"x": x}})["y"]
 want = omrt.load({path!r}).session().run({{"x": x}})["y"]
 model_error = float(np.abs(got - want).max() / np.abs(want).max())
 
-# one layer where numpy has no CBLAS: the tile runs even where BLAS would be faster
+# one layer where numpy has no CBLAS: the tile runs even where BLAS would be faster; its filters
+# in panels, then in the lanes (40 filters: a whole strip and part of one; 36 positions: 3 panels)
 library = copy.copy(trusted.native)
 library.blas = False
-w, b = rng.standard_normal((20, 16, 3, 3)).astype(np.float32), rng.standard_normal(20).astype(np.float32)
-infos = [TensorInfo(x.dtype, x.shape), TensorInfo(w.dtype, w.shape), TensorInfo(b.dtype, b.shape),
-         TensorInfo(w.dtype, packed.pack_panels(w).shape)]
-ctx = OpContext({{"pads": [1, 1, 1, 1], "strides": [2, 2]}}, 1, name="t", op_type="PackedConv", native=library)
-kernel = packed.PackedConv(ctx, infos, packed.PackedConv.infer(ctx, infos))
-assert kernel.native_packed is not None
-y = np.full(kernel.outputs[0].shape, np.nan, np.float32)
-kernel.run([x, w, b, packed.pack_panels(w)], [y], np.zeros(kernel.workspace(), np.uint8))
-ref = np.empty_like(y)
+w, b = rng.standard_normal((40, 16, 3, 3)).astype(np.float32), rng.standard_normal(40).astype(np.float32)
+ref = np.empty((1, 40, 6, 6), np.float32)
 omrt.run_op("Conv", [x, w, b], [ref], pads=[1, 1, 1, 1], strides=[2, 2])
-layer_error = float(np.abs(y - ref).max() / np.abs(ref).max())
+layer_error = 0.0
+for lanes, packing in ((0, packed.pack_panels(w)), (1, packed.pack_filter_strips(w))):
+    infos = [TensorInfo(x.dtype, x.shape), TensorInfo(w.dtype, w.shape), TensorInfo(b.dtype, b.shape),
+             TensorInfo(w.dtype, packing.shape)]
+    ctx = OpContext({{"pads": [1, 1, 1, 1], "strides": [2, 2], "lanes": lanes}}, 1, name="t", op_type="PackedConv",
+                    native=library)
+    kernel = packed.PackedConv(ctx, infos, packed.PackedConv.infer(ctx, infos))
+    assert kernel.native_packed is not None
+    y = np.full(kernel.outputs[0].shape, np.nan, np.float32)
+    kernel.run([x, w, b, packing], [y], np.zeros(kernel.workspace(), np.uint8))
+    layer_error = max(layer_error, float(np.abs(y - ref).max() / np.abs(ref).max()))
 print(packed.gemm_tile(trusted.native), model_error, layer_error)
 """
 
@@ -397,11 +455,12 @@ def test_a_residual_convs_output_is_planned_over_the_residual_it_ends(native, tm
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.integers(2, 4), st.integers(1, 12), st.integers(packed.MIN_GROUP_FILTERS, 30), st.integers(4, 20),
        st.sampled_from([1, 3]), st.integers(1, 2), st.booleans(), st.integers(1, 2), st.booleans(),
-       st.sampled_from(sorted(ACTS, key=str)))
+       st.sampled_from(sorted(ACTS, key=str)), st.booleans())
 def test_grouped_and_shuffled_packed_convs_match_reference(native, monkeypatch, group, per_group, filters, size, k,
-                                                           stride, shuffled, threads, bias, act):
-    """Each group's panels multiply its own channels (1x1 layers read them in place, others gather
-    them) and, shuffled as ShuffleNet does, write filter f of group g to channel f * group + g."""
+                                                           stride, shuffled, threads, bias, act, lanes):
+    """Each group's panels (or strips, filters in the lanes) multiply its own channels (1x1 layers
+    read them in place, others gather them) and, shuffled as ShuffleNet does, write filter f of
+    group g to channel f * group + g."""
     x, weight = randn(1, group * per_group, size, size), randn(group * filters, per_group, k, k)
     b = randn(group * filters) if bias else None
     attrs = {"group": group, "pads": [k // 2] * 4, "strides": [stride, stride]}
@@ -412,7 +471,7 @@ def test_grouped_and_shuffled_packed_convs_match_reference(native, monkeypatch, 
     monkeypatch.setattr(parallel, "NATIVE_SPLIT_FLOPS", 0)
     omrt.set_num_threads(threads)
     try:
-        kernel = _kernel(x, weight, b, {**attrs, **ACTS[act]}, native, shuffled=shuffled)
+        kernel = _kernel(x, weight, b, {**attrs, **ACTS[act]}, native, shuffled=shuffled, lanes=lanes)
         assert (kernel.native_packed is not None) == _takes_the_tile(kernel, native)
         y = _run(kernel, x, weight, b)
     finally:

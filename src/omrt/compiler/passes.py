@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from typing import Callable, Iterator
 
@@ -589,12 +590,20 @@ def use_winograd(graph: Graph) -> Graph:
 def use_packed_filters(graph: Graph) -> Graph:
     """Rewrite the 2-d Convs left after use_winograd as omrt::PackedConv (ShuffledConvs as
     omrt::PackedShuffledConv), adding their filters packed for omrt's own GEMM, group by group, as
-    weights (see omrt.kernels.packed). Only worth it when the native library is packed."""
+    weights (see omrt.kernels.packed): in panels, or for layers of few positions (7x7, 14x14)
+    in strips with the filters in the vector lanes (attribute `lanes`). Only worth it when the
+    native library is packed."""
     for node, w in list(_convs(graph, shuffled=True)):
         if packed.eligible(node.attrs, graph.infos[node.inputs[0]], w):
             group = int(node.attrs.get("group", 1))
-            _derive_weight(graph, node, f"Packed{node.op_type}", "__panels" if group == 1 else f"__panels{group}",
-                           lambda w, group=group: packed.pack_panels(w, group))
+            out = graph.infos[node.outputs[0]].shape
+            lanes = packed.filter_lanes(math.prod(out[2:]), w.shape[0] // group, math.prod(w.shape[1:]))
+            kind = "__lanes" if lanes else "__panels"
+            pack = packed.pack_filter_strips if lanes else packed.pack_panels
+            _derive_weight(graph, node, f"Packed{node.op_type}", kind if group == 1 else f"{kind}{group}",
+                           lambda w, group=group, pack=pack: pack(w, group))
+            if lanes:
+                node.attrs["lanes"] = 1
     return graph
 
 

@@ -83,22 +83,25 @@ CONV2D = Function(
 
 PCONV2D = Function(
     "conv", "omrt_pconv2d_f32",
-    (Array("x", "N * C * H * W"), Array("panels", "G * -(-(M // G) // GEMM_PANEL) * GEMM_PANEL * taps"),
+    (Array("x", "N * C * H * W"), Array("panels", "G * -(-(M // G) // unit) * unit * taps"),
      Array("bias", "M", optional=True), Array("residual", "N * M * OH * OW", optional=True),
      Array("y", "N * M * OH * OW", write=True),
      Array("work", "0 if pointwise else min(threads, chunks) * buffer if buffer else rows * step * OW",
            write=True, scratch=True),
      Array("strips", "threads * taps * block", write=True, scratch=True),
      Int("step"), Int("buffer"), Int("block", 1), Int("threads", 1), Int("N"), Int("C", 1), Int("H"), Int("W"), Int("M"),
-     Int("G", 1), Int("shuffle"), Int("OH"), Int("OW"), *_window(), *_ACT),
+     Int("G", 1), Int("shuffle"), Int("lanes"), Int("OH"), Int("OW"), *_window(), *_ACT),
     derived=(("pointwise", "KH == KW == SH == SW == 1 and PT == PL == 0 and (OH, OW) == (H, W)"),
-             ("rows", "C * KH * KW"), ("taps", "C // G * KH * KW"), ("chunks", "N * -(-OH // max(step, 1))")),
+             ("rows", "C * KH * KW"), ("taps", "C // G * KH * KW"), ("chunks", "N * -(-OH // max(step, 1))"),
+             ("unit", "GEMM_MAX_NR if lanes else GEMM_PANEL")),
     requires=("pointwise or step >= 1", "pointwise or not buffer or buffer >= rows * step * OW",
-              "block % GEMM_MAX_NR == 0", "C % G == 0", "M % G == 0", "shuffle <= 1", _TAPS, _ACT_KNOWN))
+              "block % GEMM_MAX_NR == 0", "C % G == 0", "M % G == 0", "shuffle <= 1", "lanes <= 1", _TAPS,
+              _ACT_KNOWN))
 """Conv in G groups, each group's filters packed at compile time (omrt.kernels.packed), through omrt's
 own GEMM; shuffled as ShuffleNet does with `shuffle`; plus a residual laid out as y, when given,
 before the activation. The residual may be y itself: each element of it is read just before the same
-element of y is written."""
+element of y is written. With `lanes`, the filters are packed as strips of GEMM_MAX_NR (the filters
+in the vector lanes: products of few columns) instead of panels of GEMM_PANEL."""
 
 GEMM_TILE = Function("workers", "omrt_gemm_tile", (Array("level", "1", write=True, dtype="int64"),))
 """The widest tile of omrt's GEMM on this CPU: 2 AVX-512, 1 AVX2 and FMA, 0 plain C."""

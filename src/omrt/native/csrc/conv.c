@@ -240,11 +240,12 @@ OMRT_EXPORT OMRT_HOT void omrt_im2col_f32(const float *x, float *cols, int64_t p
 /* A dense or grouped 2-d convolution: im2col (none for 1x1 stride-1 unpadded layers) and one
  * GEMM per group, through BLAS with bias and activation applied to each block of the output as
  * soon as it is written, or (with `panels`, each group's filters packed on their own) through
- * omrt_panel_gemm with them in its epilogue. */
+ * omrt_panel_gemm with them in its epilogue; with `lanes`, the filters are packed as strips of
+ * OMRT_MAX_NR instead, for omrt_lanes_gemm (filters in the vector lanes). */
 typedef struct {
     const float *x, *w, *bias, *panels, *residual;
     float *y, *work, *strips;
-    int64_t N, C, H, W, M, G, shuffle, OH, OW, KH, KW, SH, SW, DH, DW, PT, PL, act;
+    int64_t N, C, H, W, M, G, shuffle, OH, OW, KH, KW, SH, SW, DH, DW, PT, PL, act, lanes;
     float alpha, beta;
     int64_t K, Fg, P, step, pitch, buffer, block, fparts, pparts, gparts;
     /* what the shared phases work on: output rows [r0, r1) of `image`, their columns b (pitch ldb) */
@@ -267,9 +268,15 @@ static void multiply(const conv_job *j, int64_t image, int64_t g, int64_t f0, in
     float *c = j->y + (image * j->M + row) * j->P + at + p0;
     const float *bg = b + g * j->K * ldb + p0; /* the group's rows of columns */
     if (j->panels) {
-        const int64_t group_panels = (j->Fg + OMRT_PANEL - 1) / OMRT_PANEL * OMRT_PANEL * j->K;
+        const int64_t unit = j->lanes ? OMRT_MAX_NR : OMRT_PANEL;
+        const int64_t group_panels = (j->Fg + unit - 1) / unit * unit * j->K;
         omrt_epilogue e = {j->bias ? j->bias + g * j->Fg : NULL, NULL, j->act, j->alpha, j->beta,
                            j->residual ? j->residual + (c - j->y) : NULL};
+        if (j->lanes) {
+            omrt_lanes_gemm(j->panels + g * group_panels, j->K, f0, f1, bg, ldb, p1 - p0, c, ldc, &e,
+                            j->strips + thread * j->K * j->block);
+            return;
+        }
         omrt_panel_gemm(j->panels + g * group_panels, j->K, f0, f1, bg, ldb, p1 - p0, c, ldc, &e,
                         j->strips + thread * j->K * j->block, j->block, b == j->x + image * j->C * j->H * j->W);
         return;
@@ -278,11 +285,12 @@ static void multiply(const conv_job *j, int64_t image, int64_t g, int64_t f0, in
     omrt_bias_act(c, f1 - f0, p1 - p0, ldc, j->bias ? j->bias + m : NULL, j->act, j->alpha, j->beta);
 }
 
-/* Start of filter block `fp`: on a panel boundary for packed filters. */
+/* Start of filter block `fp`: on a panel (or strip) boundary for packed filters. */
 static int64_t filter_cut(const conv_job *j, int64_t fp) {
     int64_t f = omrt_part(j->Fg, j->fparts, fp);
+    const int64_t unit = j->lanes ? OMRT_MAX_NR : OMRT_PANEL;
     if (!j->panels || fp == j->fparts) return f;
-    return (f + OMRT_PANEL / 2) / OMRT_PANEL * OMRT_PANEL;
+    return (f + unit / 2) / unit * unit;
 }
 
 /* Part `item` (group, filter block, position block) of the shared product; position blocks
@@ -376,15 +384,17 @@ OMRT_EXPORT void omrt_conv2d_f32(const float *x, const float *w, const float *bi
  * g's M / G filters start ceil(M / G / OMRT_PANEL) panels after group g - 1's) and multiplied by
  * omrt's own GEMM, which copies `block` columns at a time into `strips` (K * block floats per
  * thread, K = C / G * KH * KW); `residual` (laid out as y, or y itself; NULL: none) is added
- * before the activation. */
+ * before the activation. With `lanes`, `panels` holds each group's filters as strips of
+ * OMRT_MAX_NR (ceil(M / G / OMRT_MAX_NR) strips per group), multiplied with the filters in the
+ * vector lanes (omrt_lanes_gemm; its partial panel of columns in `strips`). */
 OMRT_EXPORT void omrt_pconv2d_f32(const float *x, const float *panels, const float *bias, const float *residual,
                                   float *y, float *work, float *strips, int64_t step, int64_t buffer, int64_t block,
                                   int64_t threads, int64_t N, int64_t C, int64_t H, int64_t W, int64_t M, int64_t G,
-                                  int64_t shuffle, int64_t OH, int64_t OW, int64_t KH, int64_t KW, int64_t SH,
-                                  int64_t SW, int64_t DH, int64_t DW, int64_t PT, int64_t PL, int64_t act, float alpha,
-                                  float beta) {
+                                  int64_t shuffle, int64_t lanes, int64_t OH, int64_t OW, int64_t KH, int64_t KW,
+                                  int64_t SH, int64_t SW, int64_t DH, int64_t DW, int64_t PT, int64_t PL, int64_t act,
+                                  float alpha, float beta) {
     conv_job j = CONV_JOB(.panels = panels, .residual = residual, .strips = strips, .block = block, .G = G,
-                          .shuffle = shuffle, .K = C / G * KH * KW, .Fg = M / G);
+                          .shuffle = shuffle, .lanes = lanes, .K = C / G * KH * KW, .Fg = M / G);
     run_conv(&j, threads);
 }
 

@@ -34,16 +34,18 @@
 #define OMRT_AHEAD_A 64
 #define OMRT_AHEAD_B 16
 
-/* Ask for step k's operands ahead in the AVX-512 tile, which reads the panel `a` (12 floats a step)
- * and the strip `b` (32 floats a step, pitch bks), K steps: only cache lines of the operands.
- * Always inlined: GCC counts a prefetch as no effect, so a call left out of line is dropped. */
-static OMRT_INLINE void omrt_prefetch_ahead(const float *a, const float *b, int64_t bks, int64_t k, int64_t K) {
+/* Ask for step k's operands ahead in the AVX-512 tile, which reads the panel `a` (12 floats a
+ * step, lda apart) and the strip `b` (32 floats a step, pitch bks), K steps: only cache lines of
+ * the operands. Always inlined: GCC counts a prefetch as no effect, so a call left out of line is
+ * dropped. */
+static OMRT_INLINE void omrt_prefetch_ahead(const float *a, int64_t lda, const float *b, int64_t bks, int64_t k,
+                                            int64_t K) {
     if (k + OMRT_AHEAD_B < K) {
         __builtin_prefetch(b + bks * (k + OMRT_AHEAD_B));
         __builtin_prefetch(b + bks * (k + OMRT_AHEAD_B) + 16);
     }
     if ((k & 3) == 0 && k + OMRT_AHEAD_A + 4 <= K) {
-        const float *ahead = a + (k + OMRT_AHEAD_A) * OMRT_PANEL;
+        const float *ahead = a + (k + OMRT_AHEAD_A) * lda;
         __builtin_prefetch(ahead);
         __builtin_prefetch(ahead + 16);
         __builtin_prefetch(ahead + 32);
@@ -68,15 +70,15 @@ static inline float omrt_act1(float v, const omrt_epilogue *e) {
     }
 }
 
-/* c rows [0, rows), columns [0, cols) (pitch ldc) = a (rows of a panel from `a`, OMRT_PANEL floats
- * per k) times strip b (K rows of the tile's width, `bks` floats apart), then the epilogue; the
- * plain C tile, 16 columns wide. */
-static inline void omrt_tile_c(int64_t K, const float *a, const float *b, int64_t bks, float *c,
+/* c rows [0, rows), columns [0, cols) (pitch ldc) = a (rows of a panel from `a`, lda floats apart
+ * per k: OMRT_PANEL, or the pitch of columns read in place) times strip b (K rows of the tile's
+ * width, `bks` floats apart), then the epilogue; the plain C tile, 16 columns wide. */
+static inline void omrt_tile_c(int64_t K, const float *a, int64_t lda, const float *b, int64_t bks, float *c,
                                int64_t ldc, int64_t rows, int64_t cols, const omrt_epilogue *e) {
     for (int64_t r = 0; r < rows; r++) {
         float acc[16] = {0};
         for (int64_t k = 0; k < K; k++) {
-            float av = a[k * OMRT_PANEL + r];
+            float av = a[k * lda + r];
             for (int64_t j = 0; j < 16; j++) acc[j] += av * b[k * bks + j];
         }
         float add = e->bias ? e->bias[r] : 0.0f;
@@ -108,14 +110,14 @@ OMRT_AVX512 static inline __m512 omrt_act16(__m512 v, const omrt_epilogue *e) {
 
 /* The AVX-512 tile's sums over K steps in acc: the first `prows` (4, 8 or 12) rows of the panel,
  * `halves` (1 or 2) vectors of 16 columns per row. Rows past prows stay zero. */
-OMRT_AVX512 static OMRT_INLINE void omrt_sums_avx512(int64_t K, const float *a, const float *b, int64_t bks,
-                                                     __m512 acc[OMRT_PANEL][2], int halves, int prows) {
+OMRT_AVX512 static OMRT_INLINE void omrt_sums_avx512(int64_t K, const float *a, int64_t lda, const float *b,
+                                                     int64_t bks, __m512 acc[OMRT_PANEL][2], int halves, int prows) {
 #pragma GCC unroll 12
     for (int r = 0; r < OMRT_PANEL; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
     for (int64_t k = 0; k < K; k++) {
         __m512 b0 = _mm512_loadu_ps(b + bks * k), b1 = halves > 1 ? _mm512_loadu_ps(b + bks * k + 16) : b0;
-        const float *ak = a + k * OMRT_PANEL;
-        omrt_prefetch_ahead(a, b, bks, k, K);
+        const float *ak = a + k * lda;
+        omrt_prefetch_ahead(a, lda, b, bks, k, K);
 #pragma GCC unroll 12
         for (int r = 0; r < OMRT_PANEL; r++) {
             if (r >= prows) break;
@@ -129,23 +131,27 @@ OMRT_AVX512 static OMRT_INLINE void omrt_sums_avx512(int64_t K, const float *a, 
 /* omrt_sums_avx512 for `rows` rows of the panel and `cols` columns, with the row and column counts
  * made constants: a product's last panel often holds only 4 or 8 rows (M = 16, 64, 128, 256), and
  * its last strip only 16 columns or fewer (14x14 and 13x13 layers: 4 and 9). */
-OMRT_AVX512 static OMRT_INLINE void omrt_sums_fit_avx512(int64_t K, const float *a, const float *b, int64_t bks,
-                                                         __m512 acc[OMRT_PANEL][2], int64_t rows, int64_t cols) {
-    const int halves = cols <= 16 ? 1 : 2;
-    if (rows <= 4)
-        halves == 1 ? omrt_sums_avx512(K, a, b, bks, acc, 1, 4) : omrt_sums_avx512(K, a, b, bks, acc, 2, 4);
-    else if (rows <= 8)
-        halves == 1 ? omrt_sums_avx512(K, a, b, bks, acc, 1, 8) : omrt_sums_avx512(K, a, b, bks, acc, 2, 8);
+OMRT_AVX512 static OMRT_INLINE void omrt_sums_fit_avx512(int64_t K, const float *a, int64_t lda, const float *b,
+                                                         int64_t bks, __m512 acc[OMRT_PANEL][2], int64_t rows,
+                                                         int64_t cols) {
+    const int prows = rows <= 4 ? 4 : rows <= 8 ? 8 : 12;
+    if (cols <= 16)
+        prows == 4 ? omrt_sums_avx512(K, a, lda, b, bks, acc, 1, 4)
+        : prows == 8 ? omrt_sums_avx512(K, a, lda, b, bks, acc, 1, 8)
+                     : omrt_sums_avx512(K, a, lda, b, bks, acc, 1, 12);
     else
-        halves == 1 ? omrt_sums_avx512(K, a, b, bks, acc, 1, 12) : omrt_sums_avx512(K, a, b, bks, acc, 2, 12);
+        prows == 4 ? omrt_sums_avx512(K, a, lda, b, bks, acc, 2, 4)
+        : prows == 8 ? omrt_sums_avx512(K, a, lda, b, bks, acc, 2, 8)
+                     : omrt_sums_avx512(K, a, lda, b, bks, acc, 2, 12);
 }
 
 /* The AVX-512 tile: 12 rows x 32 columns, accumulators in 24 registers, fewer for a partial panel
  * or strip. */
-OMRT_AVX512 static inline void omrt_tile_avx512(int64_t K, const float *a, const float *b, int64_t bks, float *c,
-                                                int64_t ldc, int64_t rows, int64_t cols, const omrt_epilogue *e) {
+OMRT_AVX512 static inline void omrt_tile_avx512(int64_t K, const float *a, int64_t lda, const float *b, int64_t bks,
+                                                float *c, int64_t ldc, int64_t rows, int64_t cols,
+                                                const omrt_epilogue *e) {
     __m512 acc[OMRT_PANEL][2];
-    omrt_sums_fit_avx512(K, a, b, bks, acc, rows, cols);
+    omrt_sums_fit_avx512(K, a, lda, b, bks, acc, rows, cols);
     __mmask16 m0 = cols >= 16 ? 0xFFFF : (__mmask16)((1u << cols) - 1);
     __mmask16 m1 = cols >= 32 ? 0xFFFF : cols <= 16 ? 0 : (__mmask16)((1u << (cols - 16)) - 1);
     if (!e->bias && !e->col_bias && !e->residual && e->act == OMRT_ACT_NONE) {
@@ -202,7 +208,7 @@ OMRT_AVX2 static inline __m256i omrt_lanes8(int64_t n) {
 }
 
 /* The AVX2 tile: 6 rows x 16 columns, accumulators in 12 registers. */
-OMRT_AVX2 static inline void omrt_tile_avx2(int64_t K, const float *a, const float *b, int64_t bks,
+OMRT_AVX2 static inline void omrt_tile_avx2(int64_t K, const float *a, int64_t lda, const float *b, int64_t bks,
                                             float *c, int64_t ldc, int64_t rows, int64_t cols,
                                             const omrt_epilogue *e) {
     __m256 acc[6][2];
@@ -210,7 +216,7 @@ OMRT_AVX2 static inline void omrt_tile_avx2(int64_t K, const float *a, const flo
     for (int r = 0; r < 6; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
     for (int64_t k = 0; k < K; k++) {
         __m256 b0 = _mm256_loadu_ps(b + bks * k), b1 = _mm256_loadu_ps(b + bks * k + 8);
-        const float *ak = a + k * OMRT_PANEL;
+        const float *ak = a + k * lda;
 #pragma GCC unroll 6
         for (int r = 0; r < 6; r++) {
             __m256 av = _mm256_broadcast_ss(ak + r);
@@ -251,8 +257,8 @@ OMRT_AVX2 static inline void omrt_tile_avx2(int64_t K, const float *a, const flo
 }
 #endif
 
-typedef void (*omrt_tile_fn)(int64_t, const float *, const float *, int64_t, float *, int64_t, int64_t, int64_t,
-                             const omrt_epilogue *);
+typedef void (*omrt_tile_fn)(int64_t, const float *, int64_t, const float *, int64_t, float *, int64_t, int64_t,
+                             int64_t, const omrt_epilogue *);
 
 typedef struct {
     omrt_tile_fn tile;
@@ -365,7 +371,7 @@ static inline void omrt_panel_gemm(const float *panels, int64_t K, int64_t m0, i
                 const int placed = s * kind.nr < in_place;
                 const float *strip = placed ? b + p + s * kind.nr : scratch + (s - in_place / kind.nr) * K * kind.nr;
                 at.residual = e->residual ? e->residual + at_c : NULL;
-                kind.tile(K, a, strip, placed ? ldb : kind.nr, c + at_c, ldc, rows, cols, &at);
+                kind.tile(K, a, OMRT_PANEL, strip, placed ? ldb : kind.nr, c + at_c, ldc, rows, cols, &at);
             }
         }
     }
@@ -395,7 +401,7 @@ static inline void omrt_strip_tile(const float *panel, const float *strips, int6
         const int64_t c0 = s * OMRT_MAX_NR + half * kind.nr, cols = N - c0 < kind.nr ? N - c0 : kind.nr;
         omrt_epilogue at = {NULL, e->col_bias ? e->col_bias + c0 : NULL, e->act, e->alpha, e->beta, NULL};
         for (int64_t r = 0; r < OMRT_PANEL && r0 + r < M; r += kind.rows)
-            kind.tile(K, panel + r, b + half * kind.nr, OMRT_MAX_NR, c + (r0 + r) * ldc + c0, ldc,
+            kind.tile(K, panel + r, OMRT_PANEL, b + half * kind.nr, OMRT_MAX_NR, c + (r0 + r) * ldc + c0, ldc,
                       M - r0 - r < kind.rows ? M - r0 - r : kind.rows, cols, &at);
     }
 }

@@ -3,7 +3,8 @@
  * each output pixel is one full vector per tap however short the planes' rows, then copy the
  * results back into the 16 output planes. With AVX-512 both copies go 16 columns at a time
  * through a 16 x 16 transpose, with AVX2 8 at a time through two 8 x 8 ones; elsewhere element
- * by element.
+ * by element. The same transposes bring back the sums of omrt's GEMM tile run with the filters
+ * in the lanes (omrt_lanes_gemm, below).
  */
 #ifndef OMRT_LANES_H
 #define OMRT_LANES_H
@@ -216,6 +217,119 @@ static inline void omrt_lanes_scatter(const float *out, int64_t count, float *co
     }
 #endif
     omrt_lanes_scatter_c(out, count, planes, lanes);
+}
+
+
+/* Filters in the vector lanes, for products of few columns: the 49 positions of a 7x7 layer, or
+ * 196 of a 14x14 one, fill strips of 32 columns to 0.77 and 0.88, where filters packed in strips
+ * of OMRT_MAX_NR (omrt.kernels.packed.pack_filter_strips: K x 32 floats each, filter j of strip s
+ * at [s][k][j], zero past the last) fill them whole. The tile then runs transposed: its columns
+ * are 32 filters, its rows 12 of the product's columns, read from b in place (the last partial
+ * panel of them copied first, zero-padded, into `panel`: K x OMRT_PANEL floats), and rows come
+ * 4 at a time, so 49 columns take 52 rows. Each tile's sums go back transposed through the
+ * registers, the bias (per filter), the residual and the activation applied on the way. */
+
+/* Columns [0, w) of b (K rows, pitch ldb) as a panel: element [k, r] = b[k, r], zero for r >= w. */
+static inline void omrt_pack_columns(const float *b, int64_t ldb, int64_t K, int64_t w, float *panel) {
+    for (int64_t k = 0; k < K; k++)
+        for (int64_t r = 0; r < OMRT_PANEL; r++) panel[k * OMRT_PANEL + r] = r < w ? b[k * ldb + r] : 0.0f;
+}
+
+/* c[f, r] = the epilogue of sums[r, f] (OMRT_MAX_NR floats per row r) for filters f < filters and
+ * columns r < cols; bias and residual as the tile's (bias[f], residual laid out as c). */
+static inline void omrt_lanes_store_c(const float *sums, int64_t filters, int64_t cols, float *c, int64_t ldc,
+                                      const omrt_epilogue *e) {
+    for (int64_t f = 0; f < filters; f++)
+        for (int64_t r = 0; r < cols; r++)
+            c[f * ldc + r] = omrt_act1(sums[r * OMRT_MAX_NR + f] + (e->bias ? e->bias[f] : 0.0f) +
+                                           (e->residual ? e->residual[f * ldc + r] : 0.0f), e);
+}
+
+#ifdef OMRT_X86
+/* omrt_lanes_store_c through 16 x 16 transposes. */
+OMRT_AVX512 static inline void omrt_lanes_store_avx512(const float *sums, int64_t filters, int64_t cols, float *c,
+                                                       int64_t ldc, const omrt_epilogue *e) {
+    const __mmask16 inside = omrt_lane_mask(0, cols);
+    for (int64_t h = 0; h * 16 < filters; h++) {
+        __m512 v[16], t[16];
+        for (int64_t k = 0; k < 16; k++)
+            v[k] = k < cols ? _mm512_loadu_ps(sums + k * OMRT_MAX_NR + h * 16) : _mm512_setzero_ps();
+        omrt_transpose16(v, t);
+        for (int64_t l = 0; l < 16 && h * 16 + l < filters; l++) {
+            const int64_t f = h * 16 + l;
+            __m512 out = _mm512_add_ps(t[l], _mm512_set1_ps(e->bias ? e->bias[f] : 0.0f));
+            if (e->residual) out = _mm512_add_ps(out, _mm512_maskz_loadu_ps(inside, e->residual + f * ldc));
+            _mm512_mask_storeu_ps(c + f * ldc, inside, omrt_act16(out, e));
+        }
+    }
+}
+
+/* omrt_lanes_store_c through 8 x 8 transposes. */
+OMRT_AVX2 static inline void omrt_lanes_store_avx2(const float *sums, int64_t filters, int64_t cols, float *c,
+                                                   int64_t ldc, const omrt_epilogue *e) {
+    for (int64_t r0 = 0; r0 < cols; r0 += 8) {
+        const __m256i inside = omrt_lane_mask8(0, cols - r0);
+        for (int64_t f0 = 0; f0 < filters; f0 += 8) {
+            __m256 v[8], t[8];
+            for (int64_t k = 0; k < 8; k++)
+                v[k] = r0 + k < cols ? _mm256_loadu_ps(sums + (r0 + k) * OMRT_MAX_NR + f0) : _mm256_setzero_ps();
+            omrt_transpose8(v, t);
+            for (int64_t l = 0; l < 8 && f0 + l < filters; l++) {
+                const int64_t f = f0 + l;
+                __m256 out = _mm256_add_ps(t[l], _mm256_set1_ps(e->bias ? e->bias[f] : 0.0f));
+                if (e->residual) out = _mm256_add_ps(out, _mm256_maskload_ps(e->residual + f * ldc + r0, inside));
+                _mm256_maskstore_ps(c + f * ldc + r0, inside, omrt_act8(out, e));
+            }
+        }
+    }
+}
+#endif
+
+/* The tile's sums (sums[r, f]) into c transposed, at the CPU's width (see omrt_lanes_store_c). */
+static inline void omrt_lanes_store(const float *sums, int64_t filters, int64_t cols, float *c, int64_t ldc,
+                                    const omrt_epilogue *e) {
+#ifdef OMRT_X86
+    if (omrt_gemm_level_once() == 2) {
+        omrt_lanes_store_avx512(sums, filters, cols, c, ldc, e);
+        return;
+    }
+    if (omrt_gemm_level_once() == 1) {
+        omrt_lanes_store_avx2(sums, filters, cols, c, ldc, e);
+        return;
+    }
+#endif
+    omrt_lanes_store_c(sums, filters, cols, c, ldc, e);
+}
+
+/* c (filters [f0, f1) as rows, n columns, pitch ldc; f0 a multiple of OMRT_MAX_NR) = those
+ * filters, packed as strips (`strips`, indexed from filter 0), times b (K x n, pitch ldb), the
+ * epilogue applied (bias indexed from filter 0, residual laid out as c). Strip by strip, so that
+ * each is read from memory once and from L2 for every panel of b's columns. */
+static inline void omrt_lanes_gemm(const float *strips, int64_t K, int64_t f0, int64_t f1, const float *b,
+                                   int64_t ldb, int64_t n, float *c, int64_t ldc, const omrt_epilogue *e,
+                                   float *panel) {
+    const omrt_gemm_kind kind = omrt_gemm_pick();
+    const omrt_epilogue plain = {NULL, NULL, OMRT_ACT_NONE, 0.0f, 0.0f, NULL};
+    const int64_t whole = n / OMRT_PANEL * OMRT_PANEL;
+    if (whole < n) omrt_pack_columns(b + whole, ldb, K, n - whole, panel);
+    float sums[OMRT_PANEL * OMRT_MAX_NR];
+    for (int64_t f = f0; f < f1; f += OMRT_MAX_NR) {
+        const float *strip = strips + f / OMRT_MAX_NR * K * OMRT_MAX_NR;
+        const int64_t filters = f1 - f < OMRT_MAX_NR ? f1 - f : OMRT_MAX_NR;
+        for (int64_t p = 0; p < n; p += OMRT_PANEL) {
+            const int64_t cols = n - p < OMRT_PANEL ? n - p : OMRT_PANEL;
+            const float *a = p < whole ? b + p : panel;
+            const int64_t lda = p < whole ? ldb : OMRT_PANEL;
+            for (int64_t h = 0; h * kind.nr < filters; h++)
+                for (int64_t r = 0; r < cols; r += kind.rows)
+                    kind.tile(K, a + r, lda, strip + h * kind.nr, OMRT_MAX_NR, sums + r * OMRT_MAX_NR + h * kind.nr,
+                              OMRT_MAX_NR, cols - r < kind.rows ? cols - r : kind.rows,
+                              filters - h * kind.nr < kind.nr ? filters - h * kind.nr : kind.nr, &plain);
+            const omrt_epilogue at = {e->bias ? e->bias + f : NULL, NULL, e->act, e->alpha, e->beta,
+                                      e->residual ? e->residual + (f - f0) * ldc + p : NULL};
+            omrt_lanes_store(sums, filters, cols, c + (f - f0) * ldc + p, ldc, &at);
+        }
+    }
 }
 
 #endif
