@@ -5,6 +5,7 @@ after a swap of the weights they were packed from."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -18,6 +19,7 @@ from onnx.reference import ReferenceEvaluator
 
 from kernel_check import randn, reference
 import omrt
+from omrt.errors import ShapeError
 from omrt.kernels import OpContext, TensorInfo, packed, parallel
 from omrt.native.bindings import GEMM_TILES
 from test_native_kernels import ACTS, _activated
@@ -96,6 +98,22 @@ def test_filter_strips_hold_thirty_two_filters_per_tap_each_group_on_its_own():
         np.testing.assert_array_equal(strips[2 * g], flat[:32].T)
         np.testing.assert_array_equal(strips[2 * g + 1, :, :8], flat[32:].T)
         assert not strips[2 * g + 1, :, 8:].any()
+
+
+@pytest.mark.parametrize("lanes", [False, True])
+def test_packed_filters_of_another_packing_than_the_node_names_are_refused(native, lanes):
+    """96 filters fill 8 panels of 12 and 3 strips of 32 alike: the native call's size check cannot
+    tell the packings apart, so the kernel checks their shape."""
+    x, w = randn(1, 4, 7, 7), randn(96, 4, 1, 1)
+    wrong = packed.pack_panels(w) if lanes else packed.pack_filter_strips(w)
+    assert wrong.size == _pack(w, 1, lanes).size
+    ctx = OpContext({"lanes": 1} if lanes else {}, 1, name="conv7", op_type="PackedConv", native=native)
+    infos = [TensorInfo(x.dtype, x.shape), TensorInfo(w.dtype, w.shape), None, TensorInfo(w.dtype, wrong.shape)]
+    want = (3, 4, 32) if lanes else (8, 4, 12)
+    with pytest.raises(ShapeError, match=re.escape(f"conv7: its packed filters (input 3) have shape {wrong.shape}, "
+                                                   f"but W (96, 4, 1, 1) packed ") + ".*" +
+                       re.escape(f"(attribute lanes={int(lanes)}) has shape {want}: the file is damaged")):
+        packed.PackedConv(ctx, infos, packed.PackedConv.infer(ctx, infos))
 
 
 @pytest.mark.parametrize("positions, filters, taps, lanes", [

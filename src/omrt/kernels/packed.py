@@ -77,7 +77,8 @@ LANES_RULES = ((1.2, 32), (1.05, 96), (1.0, 160))
 """(gain, taps) pairs: a layer is packed with the filters in the vector lanes when its tiles are
 filled at least `gain` times better so (filter_lanes) and it has at least `taps` rows (C / G * KH
 * KW) for one of them: the transposed tile's sums go back through transposes, a cost per tile
-that deep products hide, and per step it ran about a tenth faster. Measured on 1x1 layers, one
+that deep products hide (as full either way, layers of 256-512 taps ran up to a tenth faster
+transposed, of 16-128 taps slower). Measured on 1x1 layers, one
 thread, AVX-512: 7x7 (gain 1.23) of 64-960 taps took 0.83-0.98 of the time; 14x14 (gain 1.06) of
 80-256 taps 0.94-0.99, of 64 taps 1.03; 13x13, 28x28 and 56x56 (gain 1.0-1.02) of 256-512 taps
 0.90-0.97, of 16-128 taps 1.04-1.17."""
@@ -100,6 +101,13 @@ def filter_lanes(positions: int, filters: int, taps: int) -> bool:
     panels = _filled(positions, STRIP, STRIP // 2) * _filled(filters, 4, 4)
     lanes = _filled(positions, 4, 4) * _filled(filters, STRIP, STRIP // 2)
     return any(lanes >= gain * panels and taps >= least for gain, least in LANES_RULES)
+
+
+def packing_shape(filters: Sequence[int], group: int, lanes: bool) -> tuple[int, int, int]:
+    """The shape of filters of shape `filters` in `group` groups packed by pack_filter_strips
+    (`lanes`) or pack_panels."""
+    unit = STRIP if lanes else PANEL
+    return group * -(-filters[0] // group // unit), math.prod(filters[1:]), unit
 
 
 def pack_strips(b: np.ndarray) -> np.ndarray:
@@ -159,7 +167,20 @@ class PackedConv(Conv):
         self.workspace_bytes += parallel.MAX_SLOTS * self.strip_bytes
         self.lanes = int(ctx.attrs.get("lanes", 0))
         """Whether input 3 holds the filters as strips (pack_filter_strips) rather than panels."""
+        self._check_packing(ctx, inputs[1], inputs[3] if len(inputs) > 3 else None)
         self.native_packed = self._native_packed(self.post, inputs[0])
+
+    def _check_packing(self, ctx: OpContext, w: TensorInfo, packing: TensorInfo | None) -> None:
+        """Refuse packed filters of another shape than the packing the node names: the native
+        call checks only their size, which panels and strips of some layers share."""
+        if packing is None or packing.shape is None:
+            return
+        want = packing_shape(w.shape, self.group, bool(self.lanes))
+        if tuple(packing.shape) != want:
+            how = "as strips with the filters in the lanes" if self.lanes else "in panels"
+            raise ShapeError(f"{ctx.name}: its packed filters (input 3) have shape {tuple(packing.shape)}, but W "
+                             f"{tuple(w.shape)} packed {how} (attribute lanes={self.lanes}) has shape {want}: "
+                             f"the file is damaged; compile the model again")
 
     def _native_packed(self, ctx: OpContext, x: TensorInfo) -> Callable | None:
         """The layer in one native call, its geometry bound, when the model has it; else None.

@@ -253,6 +253,9 @@ typedef struct {
     const float *b;
 } conv_job;
 
+/* Filters per unit of the packing: a panel, or with `lanes` a strip. */
+static inline int64_t filter_unit(const conv_job *j) { return j->lanes ? OMRT_MAX_NR : OMRT_PANEL; }
+
 static void gather(const conv_job *j, int64_t image, float *cols, int64_t r0, int64_t r1) {
     omrt_im2col_f32(j->x + image * j->C * j->H * j->W, cols, j->pitch, r0, r1, j->C, j->H, j->W, j->OW, j->KH,
                     j->KW, j->SH, j->SW, j->DH, j->DW, j->PT, j->PL);
@@ -268,8 +271,7 @@ static void multiply(const conv_job *j, int64_t image, int64_t g, int64_t f0, in
     float *c = j->y + (image * j->M + row) * j->P + at + p0;
     const float *bg = b + g * j->K * ldb + p0; /* the group's rows of columns */
     if (j->panels) {
-        const int64_t unit = j->lanes ? OMRT_MAX_NR : OMRT_PANEL;
-        const int64_t group_panels = (j->Fg + unit - 1) / unit * unit * j->K;
+        const int64_t unit = filter_unit(j), group_panels = (j->Fg + unit - 1) / unit * unit * j->K;
         omrt_epilogue e = {j->bias ? j->bias + g * j->Fg : NULL, NULL, j->act, j->alpha, j->beta,
                            j->residual ? j->residual + (c - j->y) : NULL};
         if (j->lanes) {
@@ -288,9 +290,8 @@ static void multiply(const conv_job *j, int64_t image, int64_t g, int64_t f0, in
 /* Start of filter block `fp`: on a panel (or strip) boundary for packed filters. */
 static int64_t filter_cut(const conv_job *j, int64_t fp) {
     int64_t f = omrt_part(j->Fg, j->fparts, fp);
-    const int64_t unit = j->lanes ? OMRT_MAX_NR : OMRT_PANEL;
     if (!j->panels || fp == j->fparts) return f;
-    return (f + unit / 2) / unit * unit;
+    return (f + filter_unit(j) / 2) / filter_unit(j) * filter_unit(j);
 }
 
 /* Part `item` (group, filter block, position block) of the shared product; position blocks

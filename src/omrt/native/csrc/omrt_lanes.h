@@ -221,7 +221,7 @@ static inline void omrt_lanes_scatter(const float *out, int64_t count, float *co
 
 
 /* Filters in the vector lanes, for products of few columns: the 49 positions of a 7x7 layer, or
- * 196 of a 14x14 one, fill strips of 32 columns to 0.77 and 0.88, where filters packed in strips
+ * 196 of a 14x14 one, fill the tile's columns to 0.77 and 0.94, where filters packed in strips
  * of OMRT_MAX_NR (omrt.kernels.packed.pack_filter_strips: K x 32 floats each, filter j of strip s
  * at [s][k][j], zero past the last) fill them whole. The tile then runs transposed: its columns
  * are 32 filters, its rows 12 of the product's columns, read from b in place (the last partial
