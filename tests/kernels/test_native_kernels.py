@@ -184,6 +184,27 @@ def test_wide_max_pools_keep_each_nan_and_take_infinities_as_values(native, band
 
 
 @pytest.mark.parametrize("threads", [1, 2], indirect=True)
+@SETTINGS
+@given(st.integers(40, 100), st.sampled_from([(1, 1), (2, 1), (3, 1), (2, 2)]), st.integers(1, 4),
+       st.integers(1, 3), st.integers(1, 2), st.data())
+def test_wide_max_pools_at_stride_two_match_reference(native, threads, width, across, kh, sh, dh, data):
+    """Rows 48 to 95 wide at stride 2 along them (the vector path on AVX-512 CPUs: whole vectors,
+    a masked last one, the left padding read as -inf), and a few on either side: the values, the
+    NaNs a few windows read and the infinities others hold, as numpy's."""
+    kw, dw = across
+    pads = [data.draw(st.integers(0, k - 1)) for k in (kh, kw, kh, kw)]
+    x = randn(1, 3, data.draw(st.integers((kh - 1) * dh + 1, 9)), width)
+    spots = st.tuples(st.integers(0, 2), st.integers(0, x.shape[2] - 1), st.integers(0, width - 1))
+    for value in (np.nan, np.inf, -np.inf):
+        for plane, row, column in data.draw(st.lists(spots, max_size=2)):
+            x[0, plane, row, column] = value
+    attrs = {"kernel_shape": [kh, kw], "strides": [sh, 2], "pads": pads, "dilations": [dh, dw],
+             "ceil_mode": int(data.draw(st.booleans()))}
+    assert _uses_native("MaxPool", x, None, attrs, native)
+    agree("MaxPool", [x], attrs, native)
+
+
+@pytest.mark.parametrize("threads", [1, 2], indirect=True)
 @pytest.mark.parametrize("band_bytes", [conv_module.DEPTHWISE_BAND_BYTES, 2048])
 @SETTINGS
 @given(windows(5, 40), st.integers(1, 2), st.sampled_from([None, "Relu", "Clip", "LeakyRelu", "HardSigmoid"]),

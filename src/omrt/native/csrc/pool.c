@@ -261,6 +261,99 @@ OMRT_AVX512 static void lanes_part(void *p, int64_t item, int64_t thread) {
     omrt_lanes_scatter_avx512(out, (o1 - o0) * j->OW, dst, lanes);
 }
 
+/* Max pools at stride 2 along rows of this many columns or more, and fewer than the row path's
+ * (omrt.kernels.pool.ROW_PATH_WIDTH), take the vector path (vector_part). On 3x3 windows over
+ * 55- and 56-wide planes it took 0.65-0.9 of the band path's time in models, 2x2 ones over
+ * 56-wide planes 0.70; planes 20 to 40 wide 0.97-1.10, 14-wide ones 1.5 (16 planes in the lanes
+ * go faster). 111- and 112-wide planes right after a model's stem, whose pools wait on memory,
+ * took 0.64-1.5 of the row path's time from run to run, so they keep the row path. */
+#define VECTOR_ROW_WIDTH 48
+#define VECTOR_ROW_END 96
+
+/* Whether a max pool takes the vector path: stride 2 along rows of VECTOR_ROW_WIDTH columns or
+ * more, fewer than VECTOR_ROW_END, with the taps of a window at columns 0, 1 or 2 of its start
+ * (3x3 and 2x2 windows, undilated). */
+static inline int vector_path(const pool_job *j) {
+    return j->is_max && j->SW == 2 && (j->KW - 1) * j->DW <= 2 && j->W >= VECTOR_ROW_WIDTH && j->W < VECTOR_ROW_END;
+}
+
+/* The max over TAPS input rows (`step` apart from src) of columns [c, c + 16) of rows W wide,
+ * -inf outside [0, W); the lanes where a value read is a NaN (which the max drops) are added to
+ * `nan`: one compare per pair of rows. */
+OMRT_AVX512 static OMRT_INLINE __m512 column_max(const float *src, int64_t c, int64_t W, int64_t TAPS, int64_t step,
+                                                __mmask16 *nan) {
+    const __mmask16 in = c >= 0 && c + OMRT_LANES <= W ? (__mmask16)0xffff : omrt_lane_mask(-c, W - c);
+    const __m512 fill = _mm512_set1_ps(-INFINITY);
+    __m512 acc = fill;
+    for (int64_t t = 0; t < TAPS; t += 2) {
+        const __m512 a = _mm512_mask_loadu_ps(fill, in, src + t * step + c);
+        const __m512 b = t + 1 < TAPS ? _mm512_mask_loadu_ps(fill, in, src + (t + 1) * step + c) : a;
+        *nan |= _mm512_cmp_ps_mask(a, b, _CMP_UNORD_Q);
+        acc = t ? _mm512_max_ps(acc, _mm512_max_ps(a, b)) : _mm512_max_ps(a, b);
+    }
+    return acc;
+}
+
+/* Output row yr of a max pool whose windows read TAPS input rows from src: vectors of 16 outputs,
+ * their columns' maxima over the rows kept in registers, the taps along the row picked from them:
+ * the even and odd lanes of two vectors, and the even ones one further on. Nonzero when a value
+ * read is a NaN. TAPS, KW and DW are constants at the common call sites (vector_row), so that the
+ * loops over them unroll. */
+OMRT_AVX512 static OMRT_INLINE int vector_row_fixed(const pool_job *j, const float *src, float *yr, int64_t TAPS,
+                                                    int64_t KW, int64_t DW) {
+    const int64_t W = j->W, OW = j->OW, PL = j->PL, step = j->DH * W;
+    const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
+    __mmask16 nan = 0;
+    __m512 lo = column_max(src, -PL, W, TAPS, step, &nan);
+    for (int64_t o = 0; o < OW; o += OMRT_LANES) {
+        const int64_t c = 2 * o - PL;
+        const __m512 hi = column_max(src, c + OMRT_LANES, W, TAPS, step, &nan);
+        const __m512 next = column_max(src, c + 2 * OMRT_LANES, W, TAPS, step, &nan);
+        const __m512 first = _mm512_permutex2var_ps(lo, even, hi); /* columns c, c + 2, ... */
+        __m512 acc = first;
+        for (int64_t kw = 1; kw < KW; kw++) /* columns c + 1, c + 3, ... or c + 2, c + 4, ... */
+            acc = _mm512_max_ps(acc, kw * DW == 1 ? _mm512_permutex2var_ps(lo, odd, hi)
+                                                  : _mm512_castsi512_ps(_mm512_alignr_epi32(
+                                                        _mm512_castps_si512(next), _mm512_castps_si512(first), 1)));
+        _mm512_mask_storeu_ps(yr + o, omrt_lane_mask(0, OW - o), acc);
+        lo = next;
+    }
+    return nan != 0;
+}
+
+/* vector_row_fixed, unrolled for the windows most pools have, 3x3 and 2x2 (rows whose window
+ * reaches into the padding read fewer rows and take the loops). */
+OMRT_AVX512 static int vector_row(const pool_job *j, const float *src, int64_t taps, float *yr) {
+    const int64_t KW = j->KW, DW = j->DW;
+    if (DW == 1 && taps == 3 && KW == 3) return vector_row_fixed(j, src, yr, 3, 3, 1);
+    if (DW == 1 && taps == 2 && KW == 2) return vector_row_fixed(j, src, yr, 2, 2, 1);
+    return vector_row_fixed(j, src, yr, taps, KW, DW);
+}
+
+/* Planes part `item` of a max pool of the vector path (vector_path), with AVX-512: row by row
+ * (vector_row); the windows of a row whose input rows hold a NaN get it (nan_windows). */
+OMRT_AVX512 static void vector_part(void *p, int64_t item, int64_t thread) {
+    const pool_job *j = p;
+    (void)thread;
+    int64_t lo[j->KW], hi[j->KW];
+    for (int64_t kw = 0; kw < j->KW; kw++) omrt_span(kw * j->DW - j->PL, j->W, j->SW, j->OW, &lo[kw], &hi[kw]);
+    for (int64_t p = omrt_part(j->planes, j->parts, item); p < omrt_part(j->planes, j->parts, item + 1); p++) {
+        const float *xp = j->x + p * j->H * j->W;
+        float *yp = j->y + p * j->OH * j->OW;
+        for (int64_t oh = 0; oh < j->OH; oh++) {
+            int64_t first = 0, taps = 0; /* the rows inside the plane: a run of the window's */
+            for (int64_t kh = 0; kh < j->KH; kh++) {
+                const int64_t ih = oh * j->SH + kh * j->DH - j->PT;
+                if (ih >= 0 && ih < j->H) first = taps++ ? first : ih;
+            }
+            if (vector_row(j, xp + first * j->W, taps, yp + oh * j->OW))
+                nan_windows(yp + oh * j->OW, xp, lo, hi, oh, j->H, j->W, j->KH, j->KW, j->SH, j->SW, j->DH, j->DW,
+                            j->PT, j->PL);
+        }
+    }
+}
+
 #endif
 
 /* Output columns [o0, o1) of a row from its input rows pooled in `pooled`, tap by tap, only the
@@ -357,6 +450,10 @@ OMRT_EXPORT void omrt_pool2d_f32(const float *x, float *y, const float *inv_coun
     pool_job j = {x, inv_count, y, scratch, planes, threads < planes ? threads : planes, pitch, H, W, OH, OW, KH,
                   KW, SH, SW, DH, DW, PT, PL, is_max, 0};
 #ifdef OMRT_X86
+    if (vector_path(&j) && omrt_gemm_level_once() == 2) {
+        omrt_parallel(vector_part, &j, j.parts, threads);
+        return;
+    }
     if (lanes && omrt_gemm_level_once() == 2)
         for (j.band = OH; j.band > 0 && pool_lanes_floats(&j, j.band) > pitch;) j.band--;
     if (j.band > 0) {
