@@ -203,7 +203,9 @@ typedef struct {
         }                                                                        \
     } while (0)
 
-static inline void arith(int64_t op, const float *a, const float *b, int b_step, float *y, int64_t n) {
+/* Always inlined: left out of line, GCC built it once, for the baseline CPU (SSE2), outside the
+ * clones of binary_run. */
+static OMRT_INLINE void arith(int64_t op, const float *a, const float *b, int b_step, float *y, int64_t n) {
     switch (op) {
     case OP_ADD: EACH(a[i] + B); break;
     case OP_SUB: EACH(a[i] - B); break;

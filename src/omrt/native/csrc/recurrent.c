@@ -68,8 +68,9 @@ static void r_panels(const float *R, float *RT, int64_t G, int64_t H) {
             for (int64_t k = 0; k < H; k++) RT[r0 * H + k * PANEL + l] = r0 + l < G ? R[(r0 + l) * H + k] : 0.0f;
 }
 
-/* g (Gp floats) = x (G floats, zeros past them) + R h, R as panels. */
-static inline void r_times_h(float *g, const float *x, const float *RT, const float *h, int64_t G, int64_t Gp,
+/* g (Gp floats) = x (G floats, zeros past them) + R h, R as panels. Always inlined: left out of
+ * line, GCC built it once, for the baseline CPU (SSE2), outside the clones of its caller. */
+static OMRT_INLINE void r_times_h(float *g, const float *x, const float *RT, const float *h, int64_t G, int64_t Gp,
                              int64_t H) {
     for (int64_t r0 = 0; r0 < Gp; r0 += PANEL) {
         float acc[PANEL];
