@@ -272,7 +272,7 @@ OMRT_AVX512 static void lanes_part(void *p, int64_t item, int64_t thread) {
 
 /* Whether a max pool takes the vector path: stride 2 along rows of VECTOR_ROW_WIDTH columns or
  * more, fewer than VECTOR_ROW_END, with the taps of a window at columns 0, 1 or 2 of its start
- * (3x3 and 2x2 windows, undilated). */
+ * (windows 3 or 2 wide, undilated; 2 wide dilated by 2; 1 wide). */
 static inline int vector_path(const pool_job *j) {
     return j->is_max && j->SW == 2 && (j->KW - 1) * j->DW <= 2 && j->W >= VECTOR_ROW_WIDTH && j->W < VECTOR_ROW_END;
 }
