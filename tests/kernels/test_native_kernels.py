@@ -200,7 +200,9 @@ def test_wide_max_pools_at_stride_two_match_reference(native, threads, width, ac
             x[0, plane, row, column] = value
     attrs = {"kernel_shape": [kh, kw], "strides": [sh, 2], "pads": pads, "dilations": [dh, dw],
              "ceil_mode": int(data.draw(st.booleans()))}
-    assert _uses_native("MaxPool", x, None, attrs, native)
+    kernel = _kernel("MaxPool", x, None, attrs, native)
+    assert kernel.native_pool is not None
+    assert kernel.vector_rows == (pool.VECTOR_ROW_WIDTH <= width < pool.ROW_PATH_WIDTH)
     agree("MaxPool", [x], attrs, native)
 
 

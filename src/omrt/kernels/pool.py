@@ -39,6 +39,16 @@ vectors, and a band of them would hold few rows (3x3 max pools at stride 2 over 
 112-wide planes ran 1.09-1.38x slower in bands, 56-wide ones 0.91x, 28-wide ones 0.52x; 80-wide
 planes ran 1.1-1.3x slower in bands at stride 2, 0.94x at stride 1, so the line stays here)."""
 
+VECTOR_ROW_WIDTH = 48
+"""Max pools at stride 2 along rows at least this wide, and narrower than ROW_PATH_WIDTH, take
+the native loop's vector path where the CPU has AVX-512 (csrc/pool.c, vector_part: each row's
+column maxima in registers, the taps picked by permutes), when their windows' taps fall at
+columns 0 to 2 of their start. On 3x3 windows over 55- and 56-wide planes it took 0.65-0.9 of
+the band path's time in models, 2x2 ones over 56-wide planes 0.70; planes 20 to 40 wide
+0.97-1.10, 14-wide ones 1.5 of the 16-planes path's, stride 1 1.4-1.7. The 111- and 112-wide
+planes right after a model's stem, whose pools wait on memory, took 0.64-1.5 of the row path's
+time from run to run, so they keep the row path."""
+
 SPLIT_BYTES = 1 << 24
 """Pools that read at least this many bytes (input size times the taps per dim) spread their
 plane blocks over omrt's threads; smaller ones cost less than a handoff."""
@@ -159,6 +169,10 @@ class _WindowPool(Kernel):
         self.native_pool = ctx.native.get(POOL2D) if ctx.native is not None and native_2d else None
         self.lanes = int(self.native_pool is not None and w.out[1] < NARROW_ROW)
         """Whether the native loop is asked to pool 16 planes at a time (1) or plane by plane (0)."""
+        self.vector_rows = (self.native_pool is not None and w.strides[1] == 2
+                            and (w.kernel[1] - 1) * w.dilations[1] <= 2
+                            and VECTOR_ROW_WIDTH <= w.size[1] < ROW_PATH_WIDTH)
+        """Whether a max pool asks the native loop for its vector path (see VECTOR_ROW_WIDTH)."""
         self.window_args = (*w.size, *w.out, *w.kernel, *w.strides, *w.dilations, *w.begin)
         whole = w.kernel == w.size and not any(w.begin) and not any(w.end) and set(w.dilations) == {1}
         self.native_global = ctx.native.get(GLOBAL_POOL) if self.native_pool is not None and whole else None
@@ -227,7 +241,12 @@ class _WindowPool(Kernel):
             return bind_global(self.native_global, x, y, is_max)
         threads = parallel.native_threads(nbytes=x.nbytes, slots=parallel.MAX_SLOTS)
         return [self.native_pool.bind(x, y, inv_count, workspace, self.pitch_bytes // 4, threads, self.planes,
-                                      *self.window_args, int(is_max), self.lanes)]
+                                      *self.window_args, int(is_max), self._path(is_max))]
+
+    def _path(self, is_max: bool) -> int:
+        """The native loop's path asked for: 2 the vector path, 1 16 planes at a time, 0 plane by
+        plane (csrc/pool.c, omrt_pool2d_f32)."""
+        return 2 if is_max and self.vector_rows else self.lanes
 
     def _tap_stage(self, ufunc: np.ufunc, stage: _Stage, src: np.ndarray, dst: np.ndarray,
                    lead: tuple) -> None:

@@ -114,8 +114,8 @@ POOL2D = Function(
      Array("inv_count", "0 if is_max else OH * OW"),
      Array("scratch", "pitch * min(threads, planes)", write=True, scratch=True),
      Int("pitch"), Int("threads", 1), Int("planes"), Int("H"), Int("W"), Int("OH"), Int("OW"),
-     *_window(Int("is_max"), Int("lanes"))),
-    requires=("pitch >= W", _TAPS, "is_max <= 1", "lanes <= 1"))
+     *_window(Int("is_max"), Int("path"))),
+    requires=("pitch >= W", _TAPS, "is_max <= 1", "path <= 2"))
 """Max or average pools of 2-d planes: with `lanes` on an AVX-512 CPU, 16 planes at a time in
 bands of output rows when `pitch` holds one (omrt.kernels.pool.pool_lanes_floats); else in a
 few flat passes over a padded plane when `pitch` holds one (omrt.kernels.pool.pool_plane_floats),

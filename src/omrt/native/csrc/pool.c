@@ -261,20 +261,11 @@ OMRT_AVX512 static void lanes_part(void *p, int64_t item, int64_t thread) {
     omrt_lanes_scatter_avx512(out, (o1 - o0) * j->OW, dst, lanes);
 }
 
-/* Max pools at stride 2 along rows of this many columns or more, and fewer than the row path's
- * (omrt.kernels.pool.ROW_PATH_WIDTH), take the vector path (vector_part). On 3x3 windows over
- * 55- and 56-wide planes it took 0.65-0.9 of the band path's time in models, 2x2 ones over
- * 56-wide planes 0.70; planes 20 to 40 wide 0.97-1.10, 14-wide ones 1.5 (16 planes in the lanes
- * go faster). 111- and 112-wide planes right after a model's stem, whose pools wait on memory,
- * took 0.64-1.5 of the row path's time from run to run, so they keep the row path. */
-#define VECTOR_ROW_WIDTH 48
-#define VECTOR_ROW_END 96
-
-/* Whether a max pool takes the vector path: stride 2 along rows of VECTOR_ROW_WIDTH columns or
- * more, fewer than VECTOR_ROW_END, with the taps of a window at columns 0, 1 or 2 of its start
- * (windows 3 or 2 wide, undilated; 2 wide dilated by 2; 1 wide). */
+/* Whether a max pool can take the vector path (vector_part): stride 2 along rows, with the taps
+ * of a window at columns 0, 1 or 2 of its start (windows 3 or 2 wide, undilated; 2 wide dilated
+ * by 2; 1 wide). Which pools ask for it: omrt.kernels.pool.VECTOR_ROW_WIDTH. */
 static inline int vector_path(const pool_job *j) {
-    return j->is_max && j->SW == 2 && (j->KW - 1) * j->DW <= 2 && j->W >= VECTOR_ROW_WIDTH && j->W < VECTOR_ROW_END;
+    return j->is_max && j->SW == 2 && (j->KW - 1) * j->DW <= 2;
 }
 
 /* The max over TAPS input rows (`step` apart from src) of columns [c, c + 16) of rows W wide,
@@ -433,8 +424,10 @@ static OMRT_HOT void pool_part(void *p, int64_t item, int64_t thread) {
     }
 }
 
-/* y[p] = pool of x[p] for each of the `planes` planes, split over `threads` threads. With `lanes`
- * (on a CPU with AVX-512; elsewhere it is ignored), planes go 16 at a time in bands of output rows
+/* y[p] = pool of x[p] for each of the `planes` planes, split over `threads` threads, on the path
+ * asked for where the CPU has AVX-512 (elsewhere `path` is ignored). With `path` 2, a max pool
+ * whose geometry allows (vector_path) goes row by row with each row's column maxima in registers
+ * (vector_part). With `path` 1, planes go 16 at a time in bands of output rows
  * (lanes_part), the widest whose pool_lanes_floats `pitch` holds. Otherwise, or where `pitch`
  * does not hold one row of those, planes pool in bands of output rows, each in a few flat passes
  * over a padded copy (pool_plane), the widest band whose pool_plane_floats `pitch` holds; where
@@ -446,22 +439,22 @@ static OMRT_HOT void pool_part(void *p, int64_t item, int64_t thread) {
 OMRT_EXPORT void omrt_pool2d_f32(const float *x, float *y, const float *inv_count, float *scratch, int64_t pitch,
                                  int64_t threads, int64_t planes, int64_t H, int64_t W, int64_t OH, int64_t OW,
                                  int64_t KH, int64_t KW, int64_t SH, int64_t SW, int64_t DH, int64_t DW, int64_t PT,
-                                 int64_t PL, int64_t is_max, int64_t lanes) {
+                                 int64_t PL, int64_t is_max, int64_t path) {
     pool_job j = {x, inv_count, y, scratch, planes, threads < planes ? threads : planes, pitch, H, W, OH, OW, KH,
                   KW, SH, SW, DH, DW, PT, PL, is_max, 0};
 #ifdef OMRT_X86
-    if (vector_path(&j) && omrt_gemm_level_once() == 2) {
+    if (path == 2 && vector_path(&j) && omrt_gemm_level_once() == 2) {
         omrt_parallel(vector_part, &j, j.parts, threads);
         return;
     }
-    if (lanes && omrt_gemm_level_once() == 2)
+    if (path == 1 && omrt_gemm_level_once() == 2)
         for (j.band = OH; j.band > 0 && pool_lanes_floats(&j, j.band) > pitch;) j.band--;
     if (j.band > 0) {
         omrt_parallel(lanes_part, &j, (planes + OMRT_LANES - 1) / OMRT_LANES * ((OH + j.band - 1) / j.band), j.parts);
         return;
     }
 #else
-    (void)lanes;
+    (void)path;
 #endif
     omrt_parallel(pool_part, &j, j.parts, threads);
 }
