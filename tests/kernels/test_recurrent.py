@@ -157,6 +157,16 @@ def test_clip(op):
     compare_ort(op, ins, attrs_for("bidirectional", clip=0.5))
 
 
+@pytest.mark.parametrize("op", ["RNN", "GRU", "LSTM"])
+def test_one_hidden_unit_over_a_batch(op):
+    """Each gate a column of the gates' scratch, 4 floats apart for an LSTM, which numpy's
+    in-place negative misreads."""
+    ins = make_inputs(op, seq=3, batch=3, hidden=1, dirs=2)
+    for g, w in zip(run_kernel(op, ins, attrs_for("bidirectional", 1)),
+                    reference(op, ins, attrs_for("bidirectional", 1), opset=14, n_outputs=n_out(op))):
+        assert scaled_error(g, w) < 1e-5
+
+
 def test_lstm_input_forget_with_peepholes():
     compare_ort("LSTM", make_inputs("LSTM", peepholes=True), attrs_for("forward", input_forget=1))
 
