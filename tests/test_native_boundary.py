@@ -112,6 +112,10 @@ def _calls() -> dict:
         bindings.LSTM: [_f32(3, 2, 2, 20), _f32(2, 20, 5), _f32(2, 15), _f32(2, 2, 5), _f32(2, 2, 5),
                         _f32(2, 3, 2, 5), _f32(2, 2, 5), _f32(2, 2, 5), _f32(2 * (2 * (10 + 64) + 64 * 5)),
                         2, 3, 2, 5, 1, 0, 2],
+        # the same over R's panels packed beforehand (2 directions x 64 rows x hidden 5)
+        bindings.LSTM_PACKED: [_f32(3, 2, 2, 20), _f32(2, 5, 64), _f32(2, 15), _f32(2, 2, 5), _f32(2, 2, 5),
+                               _f32(2, 3, 2, 5), _f32(2, 2, 5), _f32(2, 2, 5), _f32(2 * 2 * (10 + 64)),
+                               2, 3, 2, 5, 1, 0, 2],
     }
 
 
@@ -243,6 +247,7 @@ BROKEN_RULES = [
     (bindings.REPEAT2D, 4, 3, r"y must hold rows \* kh \* W \* kw = 270 floats"),
     (bindings.LSTM, 9, 3, r"requires dirs <= 2"),
     (bindings.LSTM, 12, 6, r"proj must hold seq \* batch \* dirs \* 4 \* hidden = 288 floats"),
+    (bindings.LSTM_PACKED, 14, 2, r"requires reverse <= 1"),
 ]
 
 

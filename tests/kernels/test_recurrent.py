@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+import onnx
 from onnx import helper
 
 import omrt
 import omrt.kernels.recurrent  # noqa: F401  (registers the family before the library lists it)
 from omrt.errors import ShapeError
-from omrt.kernels import OpContext, TensorInfo, lookup, parallel
+from omrt.kernels import OpContext, TensorInfo, lookup, packed, parallel, recurrent
 from omrt.zoo import scaled_error
 from tests.kernel_check import check, reference, run_kernel
 
@@ -307,3 +310,174 @@ def test_the_input_projection_runs_on_the_native_workers(native, threads, op, la
     assert native.calls().get("omrt_matmul_f32", 0) == before + (layout == 0)
     for g, w in zip(got, reference(op, ins, attrs, opset=14, n_outputs=n_out(op))):
         assert scaled_error(g, w) < 1e-5
+
+
+# ------------------------------------------------------------------ PackedLSTM: weights packed by the compiler
+
+PACKED = "omrt_lstm_packed_f32"
+
+
+def test_recurrence_panels_hold_sixty_four_rows_of_r_per_column_and_zeros_past_the_last():
+    r = rng.standard_normal((2, 20, 5)).astype(np.float32)
+    panels = recurrent.pack_recurrence(r)
+    assert panels.shape == (2, 1, 5, 64) and panels.flags.c_contiguous
+    np.testing.assert_array_equal(panels[:, 0, :, :20], r.transpose(0, 2, 1))
+    assert not panels[:, :, :, 20:].any()
+    assert recurrent.pack_recurrence(rng.standard_normal((1, 132, 33)).astype(np.float32)).shape == (1, 3, 33, 64)
+
+
+def test_the_projection_reads_every_directions_gates_side_by_side_and_the_biases_summed():
+    w, b = rng.standard_normal((2, 16, 5)).astype(np.float32), rng.standard_normal((2, 32)).astype(np.float32)
+    strips = recurrent.pack_input_weights(w)
+    assert strips.shape == (1, 5, 32)
+    np.testing.assert_array_equal(strips[0], np.concatenate([w[0], w[1]]).T)
+    np.testing.assert_array_equal(recurrent.fold_bias(b), np.concatenate([b[0, :16] + b[0, 16:],
+                                                                          b[1, :16] + b[1, 16:]]))
+
+
+def packed_lstm(ins: list, attrs: dict, native) -> tuple[recurrent.PackedLSTM, list]:
+    """A PackedLSTM over `ins` (an LSTM's inputs) and the inputs it reads: the LSTM's eight, then
+    the weights as the compiler derives them."""
+    ins = list(ins) + [None] * (8 - len(ins))
+    w, r, b = ins[1:4]
+    ins += [recurrent.pack_input_weights(w), None if b is None else recurrent.fold_bias(b),
+            recurrent.pack_recurrence(r)]
+    ctx = OpContext(attrs, 1, "t", "PackedLSTM", n_outputs=3, native=native)
+    infos = [None if a is None else TensorInfo(a.dtype, a.shape) for a in ins]
+    return recurrent.PackedLSTM(ctx, infos, recurrent.PackedLSTM.infer(ctx, infos)), ins
+
+
+def run_packed(kernel: recurrent.PackedLSTM, ins: list, present=(True, True, True)) -> list:
+    """The kernel's outputs (NaN before, so every float must be written) over a workspace of
+    garbage."""
+    outs = [np.full(o.shape, np.nan, o.dtype) if p else None for o, p in zip(kernel.outputs, present)]
+    kernel.run(ins, outs, np.full(kernel.workspace(), 0xCD, np.uint8))
+    return outs
+
+
+@pytest.mark.parametrize("threads", [1, 2], indirect=True)
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(direction=st.sampled_from(["forward", "reverse", "bidirectional"]), seq=st.integers(1, 12),
+       batch=st.integers(1, 4), inp=st.integers(1, 40), hidden=st.integers(1, 40), layout=st.integers(0, 1),
+       bias=st.booleans(), initial=st.booleans(), peepholes=st.booleans(),
+       present=st.sampled_from([(True, True, True), (False, True, True), (True, False, False)]))
+def test_packed_lstm_matches_the_lstm_it_was(native, threads, direction, seq, batch, inp, hidden, layout, bias,
+                                             initial, peepholes, present):
+    """Over any shape the compiler packs, on omrt's GEMM and the time loop over packed R when the
+    CPU has the vector tile (else as the LSTM it was): the numpy path's and onnx.reference's
+    outputs to float32 rounding."""
+    batch = 1 if layout else batch
+    dirs = 2 if direction == "bidirectional" else 1
+    assume(seq * batch >= packed.MIN_ROWS)
+    ins = make_inputs("LSTM", seq, batch, inp, hidden, dirs, layout, bias, initial, peepholes)
+    attrs = attrs_for(direction, hidden, layout=layout)
+    kernel, packed_ins = packed_lstm(ins, attrs, native)
+    assert recurrent.packable(attrs, kernel.inputs)
+    calls = native.calls()
+    got = run_packed(kernel, packed_ins, present)
+    tile = packed.gemm_tile(native) > 0
+    assert [native.calls().get(f, 0) - calls.get(f, 0) for f in (PACKED, "omrt_pmatmul_f32", NATIVE)] == \
+        ([1, 1, 0] if tile else [0, 0, 1])
+    want = reference("LSTM", ins, attrs, opset=14, n_outputs=3)
+    for g, n, w in zip(got, run_lstm(ins, attrs, present), want):
+        assert (g is None) == (n is None)
+        if g is not None:
+            assert scaled_error(g, n) < 1e-5 and scaled_error(g, w) < 1e-5, (scaled_error(g, n), scaled_error(g, w))
+
+
+@pytest.mark.parametrize("attrs,lens,layout_batch,seq,dtype", [
+    (attrs_for("bidirectional", clip=0.5), None, None, 8, np.float32),
+    (attrs_for("forward", input_forget=1), None, None, 8, np.float32),
+    (attrs_for("forward", activations=["Sigmoid", "Tanh", "Relu"]), None, None, 8, np.float32),
+    (attrs_for("forward"), [8, 8, 8, 8], None, 8, np.float32),
+    (attrs_for("forward", layout=1), None, 4, 8, np.float32),
+    (attrs_for("forward"), None, None, 1, np.float32),
+    (attrs_for("forward"), None, None, 8, np.float64),
+])
+def test_only_lstms_the_c_loop_takes_whole_in_time_order_with_enough_rows_are_packed(attrs, lens, layout_batch,
+                                                                                     seq, dtype):
+    ins = make_inputs("LSTM", seq=seq, batch=layout_batch or 4, dirs=2 if attrs["direction"] == "bidirectional"
+                      else 1, layout=attrs.get("layout", 0), lens=lens, dtype=dtype)
+    infos = [None if a is None else TensorInfo(a.dtype, a.shape) for a in ins]
+    assert not recurrent.packable(attrs, infos)
+    x = TensorInfo(np.float32, (1, 8, 5) if attrs.get("layout") else (8, 4, 5))  # the same LSTM, packable
+    weights = [TensorInfo(np.float32, i.shape) for i in infos[1:4]]
+    assert recurrent.packable(attrs_for(attrs["direction"], layout=attrs.get("layout", 0)), [x] + weights)
+
+
+def _lstm_model(seq: int = 10, inp: int = 12, hidden: int = 9) -> onnx.ModelProto:
+    """A bidirectional LSTM with peepholes and a bias over constant weights, then a second LSTM
+    without bias reading the first one's Y as its input: both packed by the compiler."""
+    from onnx import TensorProto, numpy_helper
+
+    r = np.random.default_rng(5)
+    weights = {"w": r.standard_normal((2, 4 * hidden, inp)) / 3, "r": r.standard_normal((2, 4 * hidden, hidden)) / 3,
+               "b": r.standard_normal((2, 8 * hidden)) / 3, "p": r.standard_normal((2, 3 * hidden)) / 3,
+               "w2": r.standard_normal((1, 4 * hidden, 2 * hidden)) / 3,
+               "r2": r.standard_normal((1, 4 * hidden, hidden)) / 3}
+    inits = [numpy_helper.from_array(v.astype(np.float32), k) for k, v in weights.items()]
+    nodes = [helper.make_node("LSTM", ["x", "w", "r", "b", "", "", "", "p"], ["y", "yh"], direction="bidirectional",
+                              hidden_size=hidden),
+             helper.make_node("Transpose", ["y"], ["yt"], perm=[0, 2, 1, 3]),
+             helper.make_node("Reshape", ["yt", "shape"], ["y2"]),
+             helper.make_node("LSTM", ["y2", "w2", "r2"], ["z", "zh", "zc"], hidden_size=hidden)]
+    inits.append(numpy_helper.from_array(np.array([seq, 1, 2 * hidden], np.int64), "shape"))
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [seq, 1, inp])],
+                              [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("yh", "z", "zc")],
+                              inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)])
+
+
+@pytest.fixture(scope="module")
+def lstm_om(tmp_path_factory, native):
+    path = str(tmp_path_factory.mktemp("lstm") / "lstm.om")
+    omrt.compile(_lstm_model(), path, progress=None)
+    return path
+
+
+def test_a_compiled_lstm_reads_its_weights_as_packed_and_agrees_untrusted(lstm_om):
+    model = omrt.load(lstm_om, trust_kernels=True)
+    lstms = [n for n in model.graph.nodes if "LSTM" in n.op_type]
+    assert [(n.op_type, n.domain) for n in lstms] == [("PackedLSTM", "omrt")] * 2
+    assert lstms[0].inputs[8:] == ["w__lstm_strips", "b__lstm_bias", "r__lstm_panels"]
+    assert lstms[1].inputs[8:] == ["w2__lstm_strips", "", "r2__lstm_panels"]
+    x = np.random.default_rng(1).standard_normal((10, 1, 12)).astype(np.float32)
+    want = reference_model(_lstm_model(), {"x": x})
+    for got in (model.session().run({"x": x}), omrt.load(lstm_om).session().run({"x": x})):
+        for name, w in want.items():
+            assert scaled_error(got[name], w) < 1e-5, name
+    tile = packed.gemm_tile(model.native) > 0
+    assert model.native.calls().get(PACKED, 0) == (2 if tile else 0)
+
+
+def reference_model(model: onnx.ModelProto, feeds: dict) -> dict:
+    from onnx.reference import ReferenceEvaluator
+
+    names = [o.name for o in model.graph.output]
+    return dict(zip(names, ReferenceEvaluator(model).run(names, feeds)))
+
+
+def test_swapped_lstm_weights_are_used_not_what_was_packed_from_them(lstm_om):
+    x = np.random.default_rng(2).standard_normal((10, 1, 12)).astype(np.float32)
+    trusted, plain = omrt.load(lstm_om, trust_kernels=True).session(), omrt.load(lstm_om).session()
+    r = np.random.default_rng(3)
+    for name in ("w", "b", "r", "w2", "r2"):
+        new = (r.standard_normal(plain.model.graph.constants[name].shape) / 3).astype(np.float32)
+        trusted.set_weight(name, new)
+        plain.set_weight(name, new)
+        got, want = trusted.run({"x": x}), plain.run({"x": x})
+        assert all(scaled_error(got[k], want[k]) < 1e-5 for k in want), name
+
+
+@pytest.mark.parametrize("trust", [True, False])
+def test_a_weight_budget_holds_only_the_lstm_weights_that_are_read(lstm_om, trust):
+    model = omrt.load(lstm_om, trust_kernels=trust, weight_budget=1 << 20)
+    plan = model.default.stream
+    held = set(plan.resident) | {f.key for f in plan.fills}
+    sources = {"w", "b", "r", "w2", "r2"}
+    derived = {"w__lstm_strips", "b__lstm_bias", "r__lstm_panels", "w2__lstm_strips", "r2__lstm_panels"}
+    packed_path = trust and packed.gemm_tile(model.native) > 0
+    assert held & (sources | derived) == (derived if packed_path else sources)
+    x = np.random.default_rng(4).standard_normal((10, 1, 12)).astype(np.float32)
+    got, want = model.session().run({"x": x}), omrt.load(lstm_om).session().run({"x": x})
+    assert all(scaled_error(got[k], want[k]) < 1e-5 for k in want)

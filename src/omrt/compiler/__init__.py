@@ -29,7 +29,7 @@ from ..custom import CustomOp
 from .autofuse import Fused, autofuse as fuse_chains
 from .importer import import_model, load_model
 from .passes import (fuse_attention, fuse_residual_adds, optimize, stack_sibling_products, use_packed_filters,
-                     use_packed_products, use_winograd)
+                     use_packed_products, use_packed_recurrences, use_winograd)
 from .typecheck import check_types
 
 
@@ -93,6 +93,7 @@ def _native_libraries(graph: Graph, compilers: Sequence[str] | None, say: Callab
         fuse_residual_adds(graph)
         use_packed_products(graph)
         stack_sibling_products(graph)
+        use_packed_recurrences(graph)
         if autofuse:
             records, fused = fuse_chains(graph, say, compilers)
     built = {cc: build.build(native_units(graph), say, cc) for cc in (compilers or [None])}

@@ -9,7 +9,7 @@ from typing import Callable, Iterator
 import numpy as np
 
 from ..ir import Graph, Node
-from ..kernels import kernel_of, lookup, packed, winograd
+from ..kernels import kernel_of, lookup, packed, recurrent, winograd
 from ..kernels.base import FUSED_ACTIVATIONS, UnsupportedOpError
 from ..kernels.linalg import PERMS
 from ..native.bindings import activation_code
@@ -555,12 +555,22 @@ def _derive_weight(graph: Graph, node: Node, op_type: str, suffix: str, derive: 
     """Rewrite `node` (X, W[, B]) as omrt::`op_type` (X, W, B or "", W') with W' = derive(W) added
     as the weight W + `suffix`, once for all the nodes that share W. The node keeps W: without
     the native library it runs as the op it was."""
-    derived = f"{node.inputs[1]}{suffix}"
-    if derived not in graph.constants:
-        graph.add_constant(derived, derive(graph.constants[node.inputs[1]]))
     bias = node.inputs[2] if len(node.inputs) > 2 else ""
-    node.op_type, node.domain = op_type, "omrt"
-    node.inputs = [node.inputs[0], node.inputs[1], bias, derived]
+    _become(graph, node, op_type, [node.inputs[0], node.inputs[1], bias, _derived(graph, node.inputs[1], suffix, derive)])
+
+
+def _derived(graph: Graph, source: str, suffix: str, derive: Callable[[np.ndarray], np.ndarray]) -> str:
+    """The name of the weight derive(`source`), named `source` + `suffix`: added once, for every
+    node that reads it."""
+    name = f"{source}{suffix}"
+    if name not in graph.constants:
+        graph.add_constant(name, derive(graph.constants[source]))
+    return name
+
+
+def _become(graph: Graph, node: Node, op_type: str, inputs: list[str]) -> None:
+    """Make `node` omrt::`op_type` over `inputs`."""
+    node.op_type, node.domain, node.inputs = op_type, "omrt", inputs
     graph.opsets.setdefault("omrt", 1)
 
 
@@ -619,6 +629,27 @@ def use_packed_products(graph: Graph) -> Graph:
         if b is not None and packed.product_eligible(node.attrs, graph.infos[node.inputs[0]], b,
                                                      graph.infos[bias] if bias else None):
             _derive_weight(graph, node, "PackedMatMul", "__strips", packed.pack_strips)
+    return graph
+
+
+def use_packed_recurrences(graph: Graph) -> Graph:
+    """Rewrite the LSTMs whose weights are constants and whose time loop runs in C as
+    omrt::PackedLSTM, adding W^T in strips for omrt's own GEMM, the summed biases and R in the
+    time loop's panels as weights (see omrt.kernels.recurrent). Only worth it when the native
+    library is packed."""
+    for node in graph.nodes:
+        if (node.op_type, node.domain) != ("LSTM", ""):
+            continue
+        names = list(node.inputs) + [""] * (8 - len(node.inputs))
+        w, r, b = names[1:4]
+        infos = [graph.infos[n] if n else None for n in names]
+        if (w not in graph.constants or r not in graph.constants or (b and b not in graph.constants)
+                or not recurrent.packable(node.attrs, infos)):
+            continue
+        extra = [_derived(graph, w, "__lstm_strips", recurrent.pack_input_weights),
+                 _derived(graph, b, "__lstm_bias", recurrent.fold_bias) if b else "",
+                 _derived(graph, r, "__lstm_panels", recurrent.pack_recurrence)]
+        _become(graph, node, "PackedLSTM", names + extra)
     return graph
 
 

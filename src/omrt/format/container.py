@@ -25,7 +25,7 @@ from ..errors import FormatError
 from ..memory.memory import byte_view
 
 MAGIC = b"OMRT\x00\r\n\x1a"
-VERSION = (1, 10)
+VERSION = (1, 11)
 HEADER = struct.Struct("<8sHHIIQQ28x")
 ENTRY = struct.Struct("<IIQQ32s")
 PAGE = 4096

@@ -6,6 +6,10 @@ unit and the operands are float32 matrices BLAS reads in place); the time loop t
 multiplies the hidden state by R, gate by gate in place, in small scratch arrays carved from the
 workspace. LSTM runs its time loop in C (csrc/recurrent.c)
 when the model has it and the layer is its common case.
+
+A compiled model's LSTMs of that case are omrt::PackedLSTM nodes: the compiler stored W^T in
+strips for omrt's own GEMM, the two biases summed, and R in the time loop's panels, so that a run
+projects the inputs with the bias in the tile's registers and never repacks R.
 """
 
 from __future__ import annotations
@@ -16,10 +20,14 @@ import numpy as np
 
 from ..errors import ShapeError
 from ..native.bindings import LSTM as NATIVE_LSTM
+from ..native.bindings import LSTM_PACKED, PMATMUL, activation_code
 from ..native.signature import CONSTANTS
-from . import parallel
-from .base import Kernel, OpContext, TensorInfo, carve, carve_size, register
+from . import packed, parallel
+from .base import Kernel, OpContext, TensorInfo, carve, carve_size, register, run_bound
 from .linalg import _Product
+
+PANEL = CONSTANTS["LSTM_PANEL"]
+"""Rows of R per panel of the C time loop."""
 
 Activation = Callable[[np.ndarray], None]
 """Applies an activation to an array in place."""
@@ -393,7 +401,7 @@ class LSTM(_Recurrent):
         self.native_lstm = ctx.native.get(NATIVE_LSTM) if ctx.native is not None and self.native_case else None
         seq, batch = self.specs[0][0][:2]
         h = self.hidden
-        padded = -(-4 * h // CONSTANTS["LSTM_PANEL"]) * CONSTANTS["LSTM_PANEL"]
+        padded = -(-4 * h // PANEL) * PANEL
         self.work_spec = ((self.dirs * (batch * (2 * h + padded) + padded * h),), np.dtype(np.float32))
         """The C loop's work, each direction's h, c, gates and R in panels: planned for every
         layer it takes, whether or not the model has it."""
@@ -451,3 +459,91 @@ class LSTM(_Recurrent):
         act_h(tmp)
         np.multiply(tmp, o, out=tmp)
         return tmp, cell
+
+
+def pack_input_weights(w: np.ndarray) -> np.ndarray:
+    """W (dirs, 4h, input) as the strips of omrt's GEMM read W^T (input, dirs * 4h): every
+    direction's gates side by side, as the projection writes them."""
+    return packed.pack_strips(np.ascontiguousarray(w.reshape(-1, w.shape[-1]).T))
+
+
+def fold_bias(b: np.ndarray) -> np.ndarray:
+    """B (dirs, 8h) as the projection's bias (dirs * 4h): Wb + Rb of every direction."""
+    half = b.shape[-1] // 2
+    return (b[:, :half] + b[:, half:]).reshape(-1)
+
+
+def pack_recurrence(r: np.ndarray) -> np.ndarray:
+    """R (dirs, 4h, h) as the C time loop's panels (dirs, ceil(4h / PANEL), h, PANEL): element
+    [d, p, k, l] is R[d, PANEL p + l, k], zero past the last row."""
+    dirs, rows, hidden = r.shape
+    padded = np.zeros((dirs, -(-rows // PANEL) * PANEL, hidden), r.dtype)
+    padded[:, :rows] = r
+    return np.ascontiguousarray(padded.reshape(dirs, -1, PANEL, hidden).transpose(0, 1, 3, 2))
+
+
+def packable(attrs: dict, inputs: Sequence[TensorInfo | None]) -> bool:
+    """Whether an LSTM over these inputs (X, W, R, B, sequence_lens, ... as infos) can run as a
+    PackedLSTM: the C time loop's case, every sequence full length (no sequence_lens), X's rows
+    one matrix in time order (layout 0, or a batch of one), and enough of them for the GEMM's
+    panels."""
+    x = inputs[0]
+    if (len(inputs) > 4 and inputs[4] is not None) or x is None or not x.static or x.rank != 3:
+        return False
+    ctx = OpContext(attrs, 14, "packable", "LSTM", n_outputs=3)
+    kernel = LSTM(ctx, inputs, LSTM.infer(ctx, inputs))
+    seq, batch = kernel.specs[0][0][:2]
+    return kernel.native_case and (not kernel.layout or batch == 1) and seq * batch >= packed.MIN_ROWS
+
+
+@register("PackedLSTM", since=1, domain="omrt")
+class PackedLSTM(LSTM):
+    """An LSTM (its eight inputs, absent ones "") followed by pack_input_weights(W),
+    fold_bias(B) (or "" without B) and pack_recurrence(R), in the case `packable` takes: the
+    projection runs on omrt's GEMM over W's strips with the bias in its epilogue, the time loop
+    over R's panels. Without the native library (or its vector tile) it runs as the LSTM it was."""
+
+    derived = ((8, 1), (9, 3), (10, 2))
+    derived_call = "native_packed"
+
+    def __init__(self, ctx: OpContext, inputs: Sequence[TensorInfo | None],
+                 outputs: Sequence[TensorInfo]) -> None:
+        super().__init__(ctx, inputs[:8], outputs)
+        self.inputs = list(inputs)
+        seq, batch, gates = self.specs[0][0]
+        self.rows, self.depth, self.gates = seq * batch, inputs[0].shape[-1], gates
+        self.panels_spec = ((-(-self.rows // packed.PANEL) * packed.PANEL * self.depth,), np.dtype(np.float32))
+        self.states_spec = ((self.dirs * batch * (2 * self.hidden + -(-4 * self.hidden // PANEL) * PANEL),),
+                            np.dtype(np.float32))
+        """A's panels for the GEMM, then each direction's h, c and gates for the time loop."""
+        library = ctx.native
+        gemm = library.get(PMATMUL) if library is not None else None
+        usable = (gemm is not None and self.native_lstm is not None and packed.gemm_tile(library) > 0
+                  and self.rows >= packed.MIN_ROWS)
+        self.native_packed = gemm if usable else None
+        self.native_recurrence = library.get(LSTM_PACKED) if usable else None
+
+    def workspace(self) -> int:
+        return max(super().workspace(), carve_size(self.specs[0], self.panels_spec, self.states_spec))
+
+    def bind(self, inputs, outputs, workspace):
+        if self.native_packed is None:
+            return None
+        x, _, _, _, _, h0, c0, p, strips, bias, panels = list(inputs) + [None] * (11 - len(inputs))
+        outputs = list(outputs) + [None] * (3 - len(outputs))
+        if not all(a is None or a.flags.c_contiguous for a in (x, h0, c0, p, strips, bias, panels, *outputs)):
+            return None
+        proj, a_panels, work = carve(workspace, self.specs[0], self.panels_spec, self.states_spec)
+        m, n, k = self.rows, self.gates, self.depth
+        project = self.native_packed.bind(x.reshape(m, k), strips, bias, proj.reshape(m, n), a_panels, m, n, k, k,
+                                          n, n, m * n, parallel.native_threads(2 * m * n * k),
+                                          *activation_code({}))
+        seq, batch = proj.shape[:2]
+        recur = self.native_recurrence.bind(proj, panels, p, h0, c0, *outputs, work, self.dirs, seq, batch,
+                                            self.hidden, self.layout, int(self.backward[0]),
+                                            parallel.native_threads(self.flops, slots=self.dirs))
+        return [project, recur]
+
+    def run(self, inputs, outputs, workspace):
+        if not run_bound(self.bind(inputs, outputs, workspace)):
+            super().run(inputs[:8], outputs, workspace)

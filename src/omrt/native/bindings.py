@@ -232,19 +232,32 @@ REPEAT2D = Function("elementwise", "omrt_repeat2d_f32",
 
 _STATE = "dirs * batch * hidden"
 
-LSTM = Function(
-    "recurrent", "omrt_lstm_f32",
-    (Array("proj", "seq * batch * dirs * 4 * hidden"), Array("R", "dirs * 4 * hidden * hidden"),
-     Array("P", "dirs * 3 * hidden", optional=True), Array("h0", _STATE, optional=True),
-     Array("c0", _STATE, optional=True), Array("y", f"seq * {_STATE}", write=True, optional=True),
-     Array("yh", _STATE, write=True, optional=True), Array("yc", _STATE, write=True, optional=True),
-     Array("work", "dirs * (batch * (2 * hidden + Gp) + Gp * hidden)", write=True, scratch=True),
-     Int("dirs", 1), Int("seq"), Int("batch"), Int("hidden", 1), Int("layout"), Int("reverse"), Int("threads", 1)),
-    derived=(("Gp", "-(-4 * hidden // LSTM_PANEL) * LSTM_PANEL"),),
-    requires=("dirs <= 2", "layout <= 1", "reverse <= 1"))
+
+def _lstm(name: str, weights: Array, panels: str) -> Function:
+    """An LSTM time loop over R given as `weights`, its work holding `panels` floats of R's
+    panels per direction beside the states and gates."""
+    return Function(
+        "recurrent", name,
+        (Array("proj", "seq * batch * dirs * 4 * hidden"), weights,
+         Array("P", "dirs * 3 * hidden", optional=True), Array("h0", _STATE, optional=True),
+         Array("c0", _STATE, optional=True), Array("y", f"seq * {_STATE}", write=True, optional=True),
+         Array("yh", _STATE, write=True, optional=True), Array("yc", _STATE, write=True, optional=True),
+         Array("work", f"dirs * (batch * (2 * hidden + Gp) + {panels})", write=True, scratch=True),
+         Int("dirs", 1), Int("seq"), Int("batch"), Int("hidden", 1), Int("layout"), Int("reverse"),
+         Int("threads", 1)),
+        derived=(("Gp", "-(-4 * hidden // LSTM_PANEL) * LSTM_PANEL"),),
+        requires=("dirs <= 2", "layout <= 1", "reverse <= 1"))
+
+
+LSTM = _lstm("omrt_lstm_f32", Array("R", "dirs * 4 * hidden * hidden"), "Gp * hidden")
+"""An LSTM layer's time loop (csrc/recurrent.c), R as ONNX stores it, packed into panels per call."""
+
+LSTM_PACKED = _lstm("omrt_lstm_packed_f32", Array("RT", "dirs * Gp * hidden"), "0")
+"""The same over R's panels packed at compile time (omrt.kernels.recurrent.pack_recurrence)."""
 
 FUNCTIONS = (USE_BLAS, POOL_BUSY, RUN_CALLS, GEMM_TILE, DWCONV2D, IM2COL2D, CONV2D, PCONV2D, POOL2D, GLOBAL_POOL, WINOGRAD,
-             MATMUL, PMATMUL, ATTENTION, GELU, LRN, BINARY, COPY_BLOCKS, REPEAT2D, DECONV, LSTM)
+             MATMUL, PMATMUL, ATTENTION, GELU, LRN, BINARY, COPY_BLOCKS, REPEAT2D, DECONV, LSTM,
+             LSTM_PACKED)
 """Every exported C function, the library's entry point first."""
 
 UNITS = tuple(sorted({fn.unit for fn in FUNCTIONS} - {USE_BLAS.unit}))

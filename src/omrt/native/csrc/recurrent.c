@@ -28,7 +28,7 @@ static inline float tanh_f32(float x) {
 }
 
 typedef struct {
-    const float *proj, *R, *P, *h0, *c0;
+    const float *proj, *R, *RT, *P, *h0, *c0;
     float *y, *yh, *yc, *work;
     int64_t dirs, seq, batch, hidden, layout, reverse;
 } lstm_job;
@@ -59,7 +59,7 @@ static OMRT_HOT void lstm_cell(float *g, float *h, float *c, const float *P, int
 /* R^T in panels of PANEL rows of R (the last padded with zeros): panel p holds, for each k,
  * R[p * PANEL + l][k] for l < PANEL, so that R h is, panel by panel, a sum of PANEL-wide columns
  * scaled by h[k], accumulated in registers (a row of R by h would end in a sum across lanes, one
- * per gate). */
+ * per gate). The compiler may store them so (omrt.kernels.recurrent.pack_recurrence). */
 enum { PANEL = 64 };
 
 static void r_panels(const float *R, float *RT, int64_t G, int64_t H) {
@@ -82,14 +82,16 @@ static OMRT_INLINE void r_times_h(float *g, const float *x, const float *RT, con
     }
 }
 
-/* The whole sequence of direction `d`, in its part of the work: h, c, the gates and R's panels. */
+/* The whole sequence of direction `d`, in its part of the work: h, c, the gates, and R's panels
+ * when R is given as ONNX stores it (else they are given, RT). */
 static OMRT_HOT void lstm_direction(void *p, int64_t d, int64_t thread) {
     const lstm_job *j = p;
     (void)thread;
     const int64_t H = j->hidden, B = j->batch, G = 4 * H, Gp = (G + PANEL - 1) / PANEL * PANEL, dirs = j->dirs;
-    float *h = j->work + d * (B * (2 * H + Gp) + Gp * H), *c = h + B * H, *gates = c + B * H, *RT = gates + B * Gp;
-    const float *P = j->P ? j->P + d * 3 * H : NULL;
-    r_panels(j->R + d * G * H, RT, G, H);
+    const int64_t panels = j->R ? Gp * H : 0;
+    float *h = j->work + d * (B * (2 * H + Gp) + panels), *c = h + B * H, *gates = c + B * H;
+    const float *P = j->P ? j->P + d * 3 * H : NULL, *RT = j->R ? gates + B * Gp : j->RT + d * Gp * H;
+    if (j->R) r_panels(j->R + d * G * H, gates + B * Gp, G, H);
     for (int64_t b = 0; b < B; b++) {
         const int64_t at = state_at(j, d, b);
         for (int64_t k = 0; k < H; k++) {
@@ -129,6 +131,17 @@ static OMRT_HOT void lstm_direction(void *p, int64_t d, int64_t thread) {
 OMRT_EXPORT void omrt_lstm_f32(const float *proj, const float *R, const float *P, const float *h0, const float *c0,
                                float *y, float *yh, float *yc, float *work, int64_t dirs, int64_t seq, int64_t batch,
                                int64_t hidden, int64_t layout, int64_t reverse, int64_t threads) {
-    lstm_job j = {proj, R, P, h0, c0, y, yh, yc, work, dirs, seq, batch, hidden, layout, reverse};
+    lstm_job j = {proj, R, NULL, P, h0, c0, y, yh, yc, work, dirs, seq, batch, hidden, layout, reverse};
+    omrt_parallel(lstm_direction, &j, dirs, threads);
+}
+
+/* omrt_lstm_f32 with R's panels packed at compile time: RT is each direction's Gp x h panels one
+ * after the other (as r_panels lays them out), and `work` each direction's h, c and gates
+ * (batch * (2h + Gp) floats). */
+OMRT_EXPORT void omrt_lstm_packed_f32(const float *proj, const float *RT, const float *P, const float *h0,
+                                      const float *c0, float *y, float *yh, float *yc, float *work, int64_t dirs,
+                                      int64_t seq, int64_t batch, int64_t hidden, int64_t layout, int64_t reverse,
+                                      int64_t threads) {
+    lstm_job j = {proj, NULL, RT, P, h0, c0, y, yh, yc, work, dirs, seq, batch, hidden, layout, reverse};
     omrt_parallel(lstm_direction, &j, dirs, threads);
 }
