@@ -247,7 +247,7 @@ def native_agrees(native, ins, attrs, present=(True, True, True), ran=True) -> l
 
 @pytest.mark.parametrize("threads", [1, 2], indirect=True)
 @pytest.mark.parametrize("direction", ["forward", "reverse", "bidirectional"])
-@pytest.mark.parametrize("batch,hidden", [(1, 1), (3, 7), (1, 128), (3, 33)])
+@pytest.mark.parametrize("batch,hidden", [(1, 1), (3, 7), (1, 128), (3, 33), (6, 20), (9, 3)])
 @pytest.mark.parametrize("initial", [True, False])
 def test_lstm_native_loop(native, threads, direction, batch, hidden, initial):
     dirs = 2 if direction == "bidirectional" else 1
@@ -358,7 +358,7 @@ def run_packed(kernel: recurrent.PackedLSTM, ins: list, present=(True, True, Tru
 @pytest.mark.parametrize("threads", [1, 2], indirect=True)
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(direction=st.sampled_from(["forward", "reverse", "bidirectional"]), seq=st.integers(1, 12),
-       batch=st.integers(1, 4), inp=st.integers(1, 40), hidden=st.integers(1, 40), layout=st.integers(0, 1),
+       batch=st.integers(1, 9), inp=st.integers(1, 40), hidden=st.integers(1, 40), layout=st.integers(0, 1),
        bias=st.booleans(), initial=st.booleans(), peepholes=st.booleans(),
        present=st.sampled_from([(True, True, True), (False, True, True), (True, False, False)]))
 def test_packed_lstm_matches_the_lstm_it_was(native, threads, direction, seq, batch, inp, hidden, layout, bias,

@@ -407,6 +407,8 @@ class LSTM(_Recurrent):
         layer it takes, whether or not the model has it."""
         self.flops = 8 * seq * batch * self.dirs * h * h
         """Of the recurrence, R by h at every step."""
+        self.slots = self.dirs * max(batch, 1)
+        """Threads the C loop can use: one per direction and batch entry."""
 
     def workspace(self) -> int:
         numpy_path = super().workspace()
@@ -422,7 +424,7 @@ class LSTM(_Recurrent):
             return False
         work = carve(workspace, self.specs[0], self.work_spec)[1]
         seq, batch = proj.shape[:2]
-        threads = parallel.native_threads(self.flops, slots=self.dirs)
+        threads = parallel.native_threads(self.flops, slots=self.slots)
         self.native_lstm(proj, r, p, h0, c0, *outputs, work, self.dirs, seq, batch, self.hidden, self.layout,
                          int(self.backward[0]), threads)
         return True
@@ -541,7 +543,7 @@ class PackedLSTM(LSTM):
         seq, batch = proj.shape[:2]
         recur = self.native_recurrence.bind(proj, panels, p, h0, c0, *outputs, work, self.dirs, seq, batch,
                                             self.hidden, self.layout, int(self.backward[0]),
-                                            parallel.native_threads(self.flops, slots=self.dirs))
+                                            parallel.native_threads(self.flops, slots=self.slots))
         return [project, recur]
 
     def run(self, inputs, outputs, workspace):
