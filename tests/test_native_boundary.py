@@ -112,6 +112,10 @@ def _calls() -> dict:
         bindings.LSTM: [_f32(3, 2, 2, 20), _f32(2, 20, 5), _f32(2, 15), _f32(2, 2, 5), _f32(2, 2, 5),
                         _f32(2, 3, 2, 5), _f32(2, 2, 5), _f32(2, 2, 5), _f32(2 * (2 * (10 + 64) + 64 * 5)),
                         2, 3, 2, 5, 1, 0, 2],
+        # GRU: bidirectional, 3 steps, batch 2, hidden 5, linear_before_reset, layout 0, on two threads;
+        # work: per direction h and r h (2 x 5 each) and gates (2 x 128), then R's 128 panel rows
+        bindings.GRU: [_f32(3, 2, 2, 15), _f32(2, 15, 5), _f32(2, 30), _f32(2, 2, 5), _f32(3, 2, 2, 5),
+                       _f32(2, 2, 5), _f32(2 * (2 * (10 + 128) + 128 * 5)), 2, 3, 2, 5, 0, 0, 1, 2],
         # the same over R's panels packed beforehand (2 directions x 64 rows x hidden 5)
         bindings.LSTM_PACKED: [_f32(3, 2, 2, 20), _f32(2, 5, 64), _f32(2, 15), _f32(2, 2, 5), _f32(2, 2, 5),
                                _f32(2, 3, 2, 5), _f32(2, 2, 5), _f32(2, 2, 5), _f32(2 * 2 * (10 + 64)),
@@ -248,6 +252,8 @@ BROKEN_RULES = [
     (bindings.LSTM, 9, 3, r"requires dirs <= 2"),
     (bindings.LSTM, 12, 6, r"proj must hold seq \* batch \* dirs \* 4 \* hidden = 288 floats"),
     (bindings.LSTM_PACKED, 14, 2, r"requires reverse <= 1"),
+    (bindings.GRU, 13, 2, r"requires lbr <= 1"),
+    (bindings.GRU, 10, 6, r"proj must hold seq \* batch \* dirs \* 3 \* hidden = 216 floats"),
 ]
 
 

@@ -231,14 +231,16 @@ def threads(request):
     patch.undo()
 
 
-def native_agrees(native, ins, attrs, present=(True, True, True), ran=True) -> list[np.ndarray | None]:
+def native_agrees(native, ins, attrs, present=(True, True, True), ran=True, op="LSTM") -> list[np.ndarray | None]:
     """The native kernel's outputs, asserted to match the numpy path's and onnx.reference's to
     float32 rounding (whatever order the sums take), and to come from the C loop when `ran`."""
-    before = native.calls().get(NATIVE, 0)
-    got = run_lstm(ins, attrs, present, native)
-    assert native.calls().get(NATIVE, 0) == before + ran
-    numpy_path = run_lstm(ins, attrs, present)
-    want = reference("LSTM", ins, attrs, opset=14, n_outputs=3)
+    loop = {"LSTM": NATIVE, "GRU": "omrt_gru_f32"}[op]
+    present = present[:n_out(op)]
+    before = native.calls().get(loop, 0)
+    got = run_recurrent(op, ins, attrs, present, native)
+    assert native.calls().get(loop, 0) == before + ran
+    numpy_path = run_recurrent(op, ins, attrs, present)
+    want = reference(op, ins, attrs, opset=14, n_outputs=n_out(op))
     for g, n, w in zip(got, numpy_path, want):
         if g is not None:
             assert scaled_error(g, n) < 1e-5 and scaled_error(g, w) < 1e-5, (scaled_error(g, n), scaled_error(g, w))
@@ -253,6 +255,44 @@ def test_lstm_native_loop(native, threads, direction, batch, hidden, initial):
     dirs = 2 if direction == "bidirectional" else 1
     ins = make_inputs("LSTM", seq=6, batch=batch, inp=5, hidden=hidden, dirs=dirs, initial=initial)
     native_agrees(native, ins, attrs_for(direction, hidden))
+
+
+@pytest.mark.parametrize("threads", [1, 2], indirect=True)
+@pytest.mark.parametrize("direction", ["forward", "reverse", "bidirectional"])
+@pytest.mark.parametrize("batch,hidden", [(1, 1), (3, 7), (1, 70), (6, 20), (9, 33)])
+@pytest.mark.parametrize("lbr", [0, 1])
+@pytest.mark.parametrize("bias,initial", [(True, True), (False, False)])
+def test_gru_native_loop(native, threads, direction, batch, hidden, lbr, bias, initial):
+    """Both readings of the reset gate (linear_before_reset), the candidate's rows in panels of
+    their own (hidden 70: 140 update and reset rows, 70 candidate rows, each past one panel)."""
+    dirs = 2 if direction == "bidirectional" else 1
+    ins = make_inputs("GRU", seq=5, batch=batch, inp=6, hidden=hidden, dirs=dirs, bias=bias, initial=initial)
+    native_agrees(native, ins, attrs_for(direction, hidden, linear_before_reset=lbr), op="GRU")
+
+
+@pytest.mark.parametrize("threads", [1, 2], indirect=True)
+@pytest.mark.parametrize("layout", [0, 1])
+def test_gru_native_layouts_and_outputs(native, threads, layout):
+    ins = make_inputs("GRU", batch=3, hidden=9, dirs=2, layout=layout)
+    attrs = attrs_for("bidirectional", 9, layout=layout, linear_before_reset=1)
+    native_agrees(native, ins, attrs, op="GRU")
+    got = native_agrees(native, ins, attrs, present=(False, True), op="GRU")
+    assert got[0] is None
+
+
+@pytest.mark.parametrize("attrs,lens", [
+    (attrs_for("bidirectional", clip=0.5), None),
+    (attrs_for("forward", activations=["Sigmoid", "Relu"]), None),
+    (attrs_for("bidirectional"), [5, 2, 1, 3]),
+])
+def test_gru_cases_the_native_loop_leaves_to_numpy(native, attrs, lens):
+    dirs = 2 if attrs["direction"] == "bidirectional" else 1
+    ins = make_inputs("GRU", seq=5, batch=4, dirs=dirs, lens=lens)
+    before = native.calls().get("omrt_gru_f32", 0)
+    got = run_recurrent("GRU", ins, attrs, native=native)
+    assert native.calls().get("omrt_gru_f32", 0) == before
+    for g, w in zip(got, compare_ort("GRU", ins, attrs)):
+        np.testing.assert_array_equal(g, w)
 
 
 @pytest.mark.parametrize("threads", [1, 2], indirect=True)

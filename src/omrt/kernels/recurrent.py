@@ -4,8 +4,8 @@ The input projection X @ W^T + biases of every time step and direction is one ma
 the workspace (on the native workers, split over omrt's threads, when the model has the linalg
 unit and the operands are float32 matrices BLAS reads in place); the time loop then only
 multiplies the hidden state by R, gate by gate in place, in small scratch arrays carved from the
-workspace. LSTM runs its time loop in C (csrc/recurrent.c)
-when the model has it and the layer is its common case.
+workspace. LSTM and GRU run their time loops in C (csrc/recurrent.c) when the model has it and
+the layer is their common case.
 
 A compiled model's LSTMs of that case are omrt::PackedLSTM nodes: the compiler stored W^T in
 strips for omrt's own GEMM, the two biases summed, and R in the time loop's panels, so that a run
@@ -19,8 +19,10 @@ from typing import Callable, ClassVar, Iterator, Sequence
 import numpy as np
 
 from ..errors import ShapeError
+from ..native.bindings import GRU as NATIVE_GRU
 from ..native.bindings import LSTM as NATIVE_LSTM
 from ..native.bindings import LSTM_PACKED, PMATMUL, activation_code
+from ..native.signature import Function
 from ..native.signature import CONSTANTS
 from . import packed, parallel
 from .base import Kernel, OpContext, TensorInfo, carve, carve_size, register, run_bound
@@ -207,9 +209,48 @@ class _Recurrent(Kernel):
         if dtype == np.float32 and all(isinstance(d, int) for d in dims):
             rows, width, gates = seq * batch, dims[2], dims[3]
             self.product = _Product((rows, width), (width, gates), (rows, gates), dtype, ctx=ctx, fuse=False)
+        floats = all(i is None or i.dtype == np.float32 for k, i in enumerate(inputs[:8]) if k != 4)
+        self.native_case = (self.native_function is not None and floats and self.default_acts and self.clip is None
+                            and self.native_takes())
+        """Whether the op's C time loop (csrc/recurrent.c) takes this layer: float32, the default
+        activations, no clip (and what native_takes adds)."""
+        self.native_loop = (ctx.native.get(self.native_function) if ctx.native is not None and self.native_case
+                            else None)
+        if self.native_case:
+            padded = self.panel_rows()
+            self.work_spec = ((self.dirs * (batch * (2 * h + padded) + padded * h),), np.dtype(np.float32))
+            """The C loop's work, each direction's states and gates, then R in panels: planned for
+            every layer it takes, whether or not the model has it."""
+            self.flops = 2 * self.gates * seq * batch * self.dirs * h * h
+            """Of the recurrence, R by h at every step."""
+            self.slots = self.dirs * max(batch, 1)
+            """Threads the C loop can use: one per direction and batch entry."""
+
+    native_function: ClassVar[Function | None] = None
+    """The op's C time loop; None: numpy's alone."""
+
+    def native_takes(self) -> bool:
+        """What else the C time loop needs of the layer's attributes."""
+        return True
+
+    def panel_rows(self) -> int:
+        """Rows of R's panels per direction in the C loop: its gates' rows, rounded up to whole
+        panels."""
+        return -(-self.gates * self.hidden // PANEL) * PANEL
+
+    def loop_arrays(self, inputs: list) -> tuple:
+        """The inputs the C loop reads besides the projection, in its arguments' order."""
+        return ()
+
+    def loop_flags(self) -> tuple:
+        """The C loop's integer arguments after `reverse`, before `threads`."""
+        return ()
 
     def workspace(self) -> int:
-        return carve_size(*self.specs)
+        numpy_path = carve_size(*self.specs)
+        if not self.native_case:
+            return numpy_path
+        return max(numpy_path, carve_size(self.specs[0], self.work_spec))
 
     def bounded(self, a: np.ndarray) -> np.ndarray:
         """Clip an activation's input to [-clip, clip] in place when the clip attribute is set."""
@@ -270,7 +311,16 @@ class _Recurrent(Kernel):
     def recur_native(self, inputs: list, outputs: list, proj: np.ndarray, workspace: np.ndarray | None) -> bool:
         """The time loop of every direction in C, when this kernel has it for this layer and the
         arrays fit; False when it did not run (the numpy loop then does)."""
-        return False
+        if self.native_loop is None:
+            return False
+        arrays = self.loop_arrays(inputs)
+        if not all(a is None or a.flags.c_contiguous for a in (*arrays, *outputs)):
+            return False
+        work = carve(workspace, self.specs[0], self.work_spec)[1]
+        seq, batch = proj.shape[:2]
+        self.native_loop(proj, *arrays, *outputs, work, self.dirs, seq, batch, self.hidden, self.layout,
+                         int(self.backward[0]), *self.loop_flags(), parallel.native_threads(self.flops, slots=self.slots))
+        return True
 
     def recur(self, inputs: list, outputs: list, proj: np.ndarray, masks: np.ndarray | None,
               workspace: np.ndarray | None) -> None:
@@ -335,6 +385,19 @@ class GRU(_Recurrent):
     gates = 3
     default_activations = ("Sigmoid", "Tanh")
     scratch = (2, 1, 1)
+    native_units = ("recurrent", "linalg")
+    native_function = NATIVE_GRU
+
+    def panel_rows(self):
+        """The update and reset rows, then the candidate rows, each rounded up to whole panels:
+        without linear_before_reset the candidate's product waits for the reset gate."""
+        return -(-2 * self.hidden // PANEL) * PANEL + -(-self.hidden // PANEL) * PANEL
+
+    def loop_arrays(self, inputs):
+        return inputs[2], inputs[3], inputs[5]
+
+    def loop_flags(self):
+        return (int(bool(self.ctx.attr("linear_before_reset", 0))),)
 
     def add_input_bias(self, b, proj):
         h = self.hidden
@@ -390,44 +453,14 @@ class LSTM(_Recurrent):
     states = 2
     scratch = (4, 1, 1)
     native_units = ("recurrent", "linalg")
+    native_function = NATIVE_LSTM
 
-    def __init__(self, ctx: OpContext, inputs: Sequence[TensorInfo | None],
-                 outputs: Sequence[TensorInfo]) -> None:
-        super().__init__(ctx, inputs, outputs)
-        floats = all(i is None or i.dtype == np.float32 for k, i in enumerate(inputs) if k != 4)
-        self.native_case = floats and self.default_acts and self.clip is None and not ctx.attr("input_forget", 0)
-        """Whether the C time loop (csrc/recurrent.c) takes this layer: float32, the default
-        activations, no clip, no coupled input and forget gates."""
-        self.native_lstm = ctx.native.get(NATIVE_LSTM) if ctx.native is not None and self.native_case else None
-        seq, batch = self.specs[0][0][:2]
-        h = self.hidden
-        padded = -(-4 * h // PANEL) * PANEL
-        self.work_spec = ((self.dirs * (batch * (2 * h + padded) + padded * h),), np.dtype(np.float32))
-        """The C loop's work, each direction's h, c, gates and R in panels: planned for every
-        layer it takes, whether or not the model has it."""
-        self.flops = 8 * seq * batch * self.dirs * h * h
-        """Of the recurrence, R by h at every step."""
-        self.slots = self.dirs * max(batch, 1)
-        """Threads the C loop can use: one per direction and batch entry."""
+    def native_takes(self) -> bool:
+        """No coupled input and forget gates."""
+        return not self.ctx.attr("input_forget", 0)
 
-    def workspace(self) -> int:
-        numpy_path = super().workspace()
-        if not self.native_case:
-            return numpy_path
-        return max(numpy_path, carve_size(self.specs[0], self.work_spec))
-
-    def recur_native(self, inputs, outputs, proj, workspace):
-        if self.native_lstm is None:
-            return False
-        r, h0, c0, p = inputs[2], inputs[5], inputs[6], inputs[7]
-        if not all(a is None or a.flags.c_contiguous for a in (r, h0, c0, p, *outputs)):
-            return False
-        work = carve(workspace, self.specs[0], self.work_spec)[1]
-        seq, batch = proj.shape[:2]
-        threads = parallel.native_threads(self.flops, slots=self.slots)
-        self.native_lstm(proj, r, p, h0, c0, *outputs, work, self.dirs, seq, batch, self.hidden, self.layout,
-                         int(self.backward[0]), threads)
-        return True
+    def loop_arrays(self, inputs):
+        return inputs[2], inputs[7], inputs[5], inputs[6]
 
     def direction(self, inputs, d):
         p = inputs[7]
@@ -512,15 +545,14 @@ class PackedLSTM(LSTM):
                  outputs: Sequence[TensorInfo]) -> None:
         super().__init__(ctx, inputs[:8], outputs)
         self.inputs = list(inputs)
-        seq, batch, gates = self.specs[0][0]
-        self.rows, self.depth, self.gates = seq * batch, inputs[0].shape[-1], gates
+        seq, batch, columns = self.specs[0][0]
+        self.rows, self.depth, self.columns = seq * batch, inputs[0].shape[-1], columns
         self.panels_spec = ((-(-self.rows // packed.PANEL) * packed.PANEL * self.depth,), np.dtype(np.float32))
-        self.states_spec = ((self.dirs * batch * (2 * self.hidden + -(-4 * self.hidden // PANEL) * PANEL),),
-                            np.dtype(np.float32))
+        self.states_spec = ((self.dirs * batch * (2 * self.hidden + self.panel_rows()),), np.dtype(np.float32))
         """A's panels for the GEMM, then each direction's h, c and gates for the time loop."""
         library = ctx.native
         gemm = library.get(PMATMUL) if library is not None else None
-        usable = (gemm is not None and self.native_lstm is not None and packed.gemm_tile(library) > 0
+        usable = (gemm is not None and self.native_loop is not None and packed.gemm_tile(library) > 0
                   and self.rows >= packed.MIN_ROWS)
         self.native_packed = gemm if usable else None
         self.native_recurrence = library.get(LSTM_PACKED) if usable else None
@@ -536,7 +568,7 @@ class PackedLSTM(LSTM):
         if not all(a is None or a.flags.c_contiguous for a in (x, h0, c0, p, strips, bias, panels, *outputs)):
             return None
         proj, a_panels, work = carve(workspace, self.specs[0], self.panels_spec, self.states_spec)
-        m, n, k = self.rows, self.gates, self.depth
+        m, n, k = self.rows, self.columns, self.depth
         project = self.native_packed.bind(x.reshape(m, k), strips, bias, proj.reshape(m, n), a_panels, m, n, k, k,
                                           n, n, m * n, parallel.native_threads(2 * m * n * k),
                                           *activation_code({}))

@@ -27,19 +27,60 @@ static inline float tanh_f32(float x) {
     return s < 0.390625f ? small : large;
 }
 
+enum { PANEL = 64 }; /* rows of R per panel (r_panels) */
+
 typedef struct {
-    const float *proj, *R, *RT, *P, *h0, *c0;
+    const float *proj, *R, *RT, *P, *B, *h0, *c0;
     float *y, *yh, *yc, *work;
-    int64_t dirs, seq, batch, hidden, layout, reverse, slices;
-} lstm_job;
+    int64_t dirs, seq, batch, hidden, layout, reverse, lbr;
+    int64_t gates, first, slices;
+    /* R's rows (gates x hidden) and those of its first group of panels (the rest, GRU's
+     * candidate rows, have panels of their own); the batch's slices per direction */
+} rnn_job;
+
+/* Rows rounded up to whole panels. */
+static inline int64_t panel_rows(int64_t rows) { return (rows + PANEL - 1) / PANEL * PANEL; }
+
+/* Rows of a direction's panels: its first group's and the rest's, each rounded up. */
+static inline int64_t panels_rows(const rnn_job *j) {
+    return panel_rows(j->first) + panel_rows(j->gates * j->hidden - j->first);
+}
 
 /* Offset of state (direction d, batch entry b) in Y_h, Y_c, initial_h and initial_c. */
-static inline int64_t state_at(const lstm_job *j, int64_t d, int64_t b) {
+static inline int64_t state_at(const rnn_job *j, int64_t d, int64_t b) {
     return (j->layout ? b * j->dirs + d : d * j->batch + b) * j->hidden;
 }
 
-/* One step of one batch entry: g (4h) holds the projected input plus R h; h and c are updated.
- * Cloned on its own: the clones of its caller would not inline it. */
+/* The item's direction and slice [lo, hi) of the batch entries. */
+static void slice_of(const rnn_job *j, int64_t item, int64_t *d, int64_t *lo, int64_t *hi) {
+    *d = item / j->slices;
+    *lo = omrt_part(j->batch, j->slices, item % j->slices);
+    *hi = omrt_part(j->batch, j->slices, item % j->slices + 1);
+}
+
+/* Entries [lo, hi) of direction d's states s (batch x h) from `initial` (NULL: zeros), or into
+ * `out` (NULL: not written). */
+static void load_states(const rnn_job *j, const float *initial, float *s, int64_t d, int64_t lo, int64_t hi) {
+    for (int64_t b = lo; b < hi; b++)
+        for (int64_t k = 0; k < j->hidden; k++) s[b * j->hidden + k] = initial ? initial[state_at(j, d, b) + k] : 0.0f;
+}
+
+static void store_states(const rnn_job *j, float *out, const float *s, int64_t d, int64_t lo, int64_t hi) {
+    if (out)
+        for (int64_t b = lo; b < hi; b++)
+            memcpy(out + state_at(j, d, b), s + b * j->hidden, (size_t)j->hidden * sizeof(float));
+}
+
+/* Entry b's state at step t into Y, when it is wanted. */
+static inline void store_y(const rnn_job *j, const float *h, int64_t t, int64_t d, int64_t b) {
+    if (j->y) {
+        const int64_t at = j->layout ? (b * j->seq + t) * j->dirs + d : (t * j->dirs + d) * j->batch + b;
+        memcpy(j->y + at * j->hidden, h, (size_t)j->hidden * sizeof(float));
+    }
+}
+
+/* One LSTM step of one batch entry: g (4h) holds the projected input plus R h; h and c are
+ * updated. Cloned on its own: the clones of its caller would not inline it. */
 static OMRT_HOT void lstm_cell(float *g, float *h, float *c, const float *P, int64_t hidden) {
     float *i = g, *o = g + hidden, *f = g + 2 * hidden, *cand = g + 3 * hidden;
     if (P)
@@ -56,11 +97,22 @@ static OMRT_HOT void lstm_cell(float *g, float *h, float *c, const float *P, int
     for (int64_t k = 0; k < hidden; k++) h[k] = o[k] * tanh_f32(c[k]);
 }
 
+/* One GRU step of one batch entry, its update and reset gates z, r (g, 2h) activated: the
+ * candidate's sums `cand` are R_h h + Rbh with linear_before_reset (`lbr`; `xh` then its
+ * projected input), else the projected input plus R_h (r h); h is updated. */
+static OMRT_HOT void gru_cell(const float *g, const float *cand, const float *xh, float *h, int64_t hidden,
+                              int64_t lbr) {
+    const float *z = g, *r = g + hidden;
+    for (int64_t k = 0; k < hidden; k++) {
+        const float n = tanh_f32(lbr ? xh[k] + r[k] * cand[k] : cand[k]);
+        h[k] = (1.0f - z[k]) * n + z[k] * h[k];
+    }
+}
+
 /* R^T in panels of PANEL rows of R (the last padded with zeros): panel p holds, for each k,
  * R[p * PANEL + l][k] for l < PANEL, so that R h is, panel by panel, a sum of PANEL-wide columns
  * scaled by h[k], accumulated in registers (a row of R by h would end in a sum across lanes, one
  * per gate). The compiler may store them so (omrt.kernels.recurrent.pack_recurrence). */
-enum { PANEL = 64 };
 
 static void r_panels(const float *R, float *RT, int64_t G, int64_t H) {
     for (int64_t r0 = 0; r0 < G; r0 += PANEL)
@@ -68,96 +120,122 @@ static void r_panels(const float *R, float *RT, int64_t G, int64_t H) {
             for (int64_t k = 0; k < H; k++) RT[r0 * H + k * PANEL + l] = r0 + l < G ? R[(r0 + l) * H + k] : 0.0f;
 }
 
+/* Direction `d`'s R packed into its panels, at its place in RT: the first group's rows, then
+ * the rest's. */
+static void pack_direction(void *p, int64_t d, int64_t thread) {
+    const rnn_job *j = p;
+    (void)thread;
+    const int64_t H = j->hidden, G = j->gates * H;
+    const float *R = j->R + d * G * H;
+    float *RT = (float *)j->RT + d * panels_rows(j) * H;
+    r_panels(R, RT, j->first, H);
+    if (j->first < G) r_panels(R + j->first * H, RT + panel_rows(j->first) * H, G - j->first, H);
+}
+
 enum { BATCH_TILE = 4 };
 
-/* For NB batch entries b (NB <= BATCH_TILE): g + b Gp (Gp floats) = x + b x_step (G floats, zeros
- * past them) + R (h + b H), R as panels: each column of a panel is read once for the NB entries,
- * which wait on R's bytes, not on their arithmetic. Always inlined (with NB a constant, so the
- * loops over it unroll): left out of line, GCC built such a helper once, for the baseline CPU
- * (SSE2), outside the clones of its caller. */
-static OMRT_INLINE void r_times_h(float *g, const float *x, int64_t x_step, const float *RT, const float *h,
-                                  int64_t G, int64_t Gp, int64_t H, const int NB) {
-    for (int64_t r0 = 0; r0 < Gp; r0 += PANEL) {
+/* For NB batch entries b (NB <= BATCH_TILE): g + b g_step (`padded` floats) = x + b x_step
+ * (`rows` floats, zeros past them; x NULL: zeros) + R (h + b H), R as `padded` rows of panels:
+ * each column of a panel is read once for the NB entries, which wait on R's bytes, not on their
+ * arithmetic. Always inlined (with NB a constant, so the loops over it unroll): left out of
+ * line, GCC built such a helper once, for the baseline CPU (SSE2), outside the clones of its
+ * caller. */
+static OMRT_INLINE void r_times_h(float *g, int64_t g_step, const float *x, int64_t x_step, const float *RT,
+                                  const float *h, int64_t rows, int64_t padded, int64_t H, const int NB) {
+    for (int64_t r0 = 0; r0 < padded; r0 += PANEL) {
         float acc[BATCH_TILE][PANEL];
         for (int b = 0; b < NB; b++)
-            for (int l = 0; l < PANEL; l++) acc[b][l] = r0 + l < G ? x[b * x_step + r0 + l] : 0.0f;
+            for (int l = 0; l < PANEL; l++) acc[b][l] = x && r0 + l < rows ? x[b * x_step + r0 + l] : 0.0f;
         const float *panel = RT + r0 * H;
         for (int64_t k = 0; k < H; k++)
             for (int b = 0; b < NB; b++)
                 for (int l = 0; l < PANEL; l++) acc[b][l] += panel[k * PANEL + l] * h[b * H + k];
-        for (int b = 0; b < NB; b++) memcpy(g + b * Gp + r0, acc[b], sizeof acc[b]);
+        for (int b = 0; b < NB; b++) memcpy(g + b * g_step + r0, acc[b], sizeof acc[b]);
     }
 }
 
-/* r_times_h for the `nb` entries from b (nb <= BATCH_TILE), the tile's width a constant. */
-static OMRT_INLINE void r_times_hs(float *g, const float *x, int64_t x_step, const float *RT, const float *h,
-                                   int64_t G, int64_t Gp, int64_t H, int64_t nb) {
-    switch (nb) {
-    case 4: r_times_h(g, x, x_step, RT, h, G, Gp, H, 4); break;
-    case 3: r_times_h(g, x, x_step, RT, h, G, Gp, H, 3); break;
-    case 2: r_times_h(g, x, x_step, RT, h, G, Gp, H, 2); break;
-    default: r_times_h(g, x, x_step, RT, h, G, Gp, H, 1);
+/* r_times_h for the entries [lo, hi), BATCH_TILE at a time, the tile's width a constant. */
+static OMRT_INLINE void r_times_hs(float *g, int64_t g_step, const float *x, int64_t x_step, const float *RT,
+                                   const float *h, int64_t rows, int64_t padded, int64_t H, int64_t lo,
+                                   int64_t hi) {
+    for (int64_t b = lo; b < hi; b += BATCH_TILE) {
+        float *gb = g + b * g_step;
+        const float *xb = x ? x + b * x_step : NULL, *hb = h + b * H;
+        switch (hi - b < BATCH_TILE ? hi - b : BATCH_TILE) {
+        case 4: r_times_h(gb, g_step, xb, x_step, RT, hb, rows, padded, H, 4); break;
+        case 3: r_times_h(gb, g_step, xb, x_step, RT, hb, rows, padded, H, 3); break;
+        case 2: r_times_h(gb, g_step, xb, x_step, RT, hb, rows, padded, H, 2); break;
+        default: r_times_h(gb, g_step, xb, x_step, RT, hb, rows, padded, H, 1);
+        }
     }
 }
 
-/* Gp, 4h rounded up to whole panels. */
-static inline int64_t padded_gates(int64_t hidden) { return (4 * hidden + PANEL - 1) / PANEL * PANEL; }
-
-/* Direction `d`'s R packed into its panels, at its place in RT. */
-static void pack_direction(void *p, int64_t d, int64_t thread) {
-    const lstm_job *j = p;
-    (void)thread;
-    const int64_t H = j->hidden;
-    r_panels(j->R + d * 4 * H * H, (float *)j->RT + d * padded_gates(H) * H, 4 * H, H);
-}
-
-/* Item `item`: the whole sequence of one direction for one slice of the batch entries, in their
- * part of the work (h, c and the gates of each direction's entries, side by side). */
+/* Item `item` of an LSTM: the whole sequence of one direction for one slice of the batch
+ * entries, in their part of the work (h, c and the gates of each direction's entries). */
 static OMRT_HOT void lstm_part(void *p, int64_t item, int64_t thread) {
-    const lstm_job *j = p;
+    const rnn_job *j = p;
     (void)thread;
-    const int64_t H = j->hidden, B = j->batch, G = 4 * H, Gp = padded_gates(H), dirs = j->dirs;
-    const int64_t d = item / j->slices, lo = omrt_part(B, j->slices, item % j->slices),
-                  hi = omrt_part(B, j->slices, item % j->slices + 1);
+    const int64_t H = j->hidden, B = j->batch, G = 4 * H, Gp = panels_rows(j), dirs = j->dirs;
+    int64_t d, lo, hi;
+    slice_of(j, item, &d, &lo, &hi);
     float *h = j->work + d * B * (2 * H + Gp), *c = h + B * H, *gates = c + B * H;
     const float *P = j->P ? j->P + d * 3 * H : NULL, *RT = j->RT + d * Gp * H;
-    for (int64_t b = lo; b < hi; b++) {
-        const int64_t at = state_at(j, d, b);
-        for (int64_t k = 0; k < H; k++) {
-            h[b * H + k] = j->h0 ? j->h0[at + k] : 0.0f;
-            c[b * H + k] = j->c0 ? j->c0[at + k] : 0.0f;
-        }
-    }
+    load_states(j, j->h0, h, d, lo, hi);
+    load_states(j, j->c0, c, d, lo, hi);
     for (int64_t s = 0; s < j->seq; s++) {
         const int64_t t = j->reverse || d == 1 ? j->seq - 1 - s : s;
-        for (int64_t b0 = lo; b0 < hi; b0 += BATCH_TILE) {
-            const int64_t nb = hi - b0 < BATCH_TILE ? hi - b0 : BATCH_TILE;
-            r_times_hs(gates + b0 * Gp, j->proj + (t * B + b0) * dirs * G + d * G, dirs * G, RT, h + b0 * H, G, Gp,
-                       H, nb);
+        r_times_hs(gates, Gp, j->proj + t * B * dirs * G + d * G, dirs * G, RT, h, G, Gp, H, lo, hi);
+        for (int64_t b = lo; b < hi; b++) {
+            lstm_cell(gates + b * Gp, h + b * H, c + b * H, P, H);
+            store_y(j, h + b * H, t, d, b);
+        }
+    }
+    store_states(j, j->yh, h, d, lo, hi);
+    store_states(j, j->yc, c, d, lo, hi);
+}
+
+/* Item `item` of a GRU, as lstm_part: h, r h and the gates of each direction's entries. */
+static OMRT_HOT void gru_part(void *p, int64_t item, int64_t thread) {
+    const rnn_job *j = p;
+    (void)thread;
+    const int64_t H = j->hidden, B = j->batch, G = 3 * H, Gzr = panel_rows(2 * H), Gh = panel_rows(H),
+                  Gp = Gzr + Gh, dirs = j->dirs;
+    int64_t d, lo, hi;
+    slice_of(j, item, &d, &lo, &hi);
+    float *h = j->work + d * B * (2 * H + Gp), *rh = h + B * H, *gates = rh + B * H;
+    const float *RT = j->RT + d * Gp * H, *Rbh = j->B && j->lbr ? j->B + d * 6 * H + 5 * H : NULL;
+    load_states(j, j->h0, h, d, lo, hi);
+    for (int64_t s = 0; s < j->seq; s++) {
+        const int64_t t = j->reverse || d == 1 ? j->seq - 1 - s : s;
+        const float *x = j->proj + t * B * dirs * G + d * G;
+        r_times_hs(gates, Gp, x, dirs * G, RT, h, 2 * H, Gzr, H, lo, hi);
+        if (j->lbr) r_times_hs(gates + Gzr, Gp, Rbh, 0, RT + Gzr * H, h, H, Gh, H, lo, hi);
+        for (int64_t b = lo; b < hi; b++) sigmoid_f32(gates + b * Gp, 2 * H);
+        if (!j->lbr) {
+            for (int64_t b = lo; b < hi; b++)
+                for (int64_t k = 0; k < H; k++) rh[b * H + k] = gates[b * Gp + H + k] * h[b * H + k];
+            r_times_hs(gates + Gzr, Gp, x + 2 * H, dirs * G, RT + Gzr * H, rh, H, Gh, H, lo, hi);
         }
         for (int64_t b = lo; b < hi; b++) {
-            float *hb = h + b * H;
-            lstm_cell(gates + b * Gp, hb, c + b * H, P, H);
-            if (j->y) {
-                float *y = j->y + (j->layout ? (b * j->seq + t) * dirs + d : (t * dirs + d) * B + b) * H;
-                memcpy(y, hb, (size_t)H * sizeof(float));
-            }
+            gru_cell(gates + b * Gp, gates + b * Gp + Gzr, x + b * dirs * G + 2 * H, h + b * H, H, j->lbr);
+            store_y(j, h + b * H, t, d, b);
         }
     }
-    for (int64_t b = lo; b < hi; b++) {
-        const int64_t at = state_at(j, d, b);
-        if (j->yh) memcpy(j->yh + at, h + b * H, (size_t)H * sizeof(float));
-        if (j->yc) memcpy(j->yc + at, c + b * H, (size_t)H * sizeof(float));
-    }
+    store_states(j, j->yh, h, d, lo, hi);
 }
 
 /* The layer's items over up to `threads` threads: each direction in as many slices of the batch
- * as there are threads for it (a slice reads all of R, from its own core's cache). */
-static void lstm_run(lstm_job *j, int64_t threads) {
+ * as there are threads for it (a slice reads all of R, from its own core's cache). R, when given
+ * as ONNX stores it, is packed first, a direction per thread. */
+static void run_layer(rnn_job *j, omrt_item_fn part, int64_t threads) {
     const int64_t per_direction = threads / j->dirs > 1 ? threads / j->dirs : 1;
     j->slices = per_direction < j->batch ? per_direction : (j->batch > 0 ? j->batch : 1);
-    omrt_parallel(lstm_part, j, j->dirs * j->slices, threads);
+    if (j->R) omrt_parallel(pack_direction, j, j->dirs, threads);
+    omrt_parallel(part, j, j->dirs * j->slices, threads);
 }
+
+/* The work's tail, where R's panels go when R is given as ONNX stores it. */
+static float *panels_in(const rnn_job *j) { return j->work + j->dirs * j->batch * (2 * j->hidden + panels_rows(j)); }
 
 /* An LSTM layer with the default activations (sigmoid, tanh, tanh), no clip, no coupled input
  * and forget gates, every sequence full length. `proj` (seq x batch x dirs x 4h) holds
@@ -171,10 +249,10 @@ static void lstm_run(lstm_job *j, int64_t threads) {
 OMRT_EXPORT void omrt_lstm_f32(const float *proj, const float *R, const float *P, const float *h0, const float *c0,
                                float *y, float *yh, float *yc, float *work, int64_t dirs, int64_t seq, int64_t batch,
                                int64_t hidden, int64_t layout, int64_t reverse, int64_t threads) {
-    float *panels = work + dirs * batch * (2 * hidden + padded_gates(hidden));
-    lstm_job j = {proj, R, panels, P, h0, c0, y, yh, yc, work, dirs, seq, batch, hidden, layout, reverse, 1};
-    omrt_parallel(pack_direction, &j, dirs, threads);
-    lstm_run(&j, threads);
+    rnn_job j = {proj, R, NULL, P, NULL, h0, c0, y, yh, yc, work, dirs, seq, batch, hidden, layout, reverse, 0,
+                 4, 4 * hidden, 1};
+    j.RT = panels_in(&j);
+    run_layer(&j, lstm_part, threads);
 }
 
 /* omrt_lstm_f32 with R's panels packed at compile time: RT is each direction's Gp x h panels one
@@ -184,6 +262,23 @@ OMRT_EXPORT void omrt_lstm_packed_f32(const float *proj, const float *RT, const 
                                       const float *c0, float *y, float *yh, float *yc, float *work, int64_t dirs,
                                       int64_t seq, int64_t batch, int64_t hidden, int64_t layout, int64_t reverse,
                                       int64_t threads) {
-    lstm_job j = {proj, NULL, RT, P, h0, c0, y, yh, yc, work, dirs, seq, batch, hidden, layout, reverse, 1};
-    lstm_run(&j, threads);
+    rnn_job j = {proj, NULL, RT, P, NULL, h0, c0, y, yh, yc, work, dirs, seq, batch, hidden, layout, reverse, 0,
+                 4, 4 * hidden, 1};
+    run_layer(&j, lstm_part, threads);
+}
+
+/* A GRU layer with the default activations (sigmoid, tanh), no clip, every sequence full length.
+ * `proj` (seq x batch x dirs x 3h) holds X W^T + Wb + Rb, gates in ONNX's order z, r, h, but for
+ * Rbh with `lbr` (linear_before_reset), which is added to R_h h before the reset gate scales it,
+ * read from B (dirs x 6h, as ONNX stores it; NULL: no bias). R (dirs x 3h x h) is as ONNX stores
+ * it; states and outputs as omrt_lstm_f32's. `work` holds each direction's h, r h and gates
+ * (batch * (2h + Gp) floats, Gp = 2h and h each rounded up to PANEL), then each direction's R in
+ * panels (Gp * h floats: its update and reset rows, then its candidate rows). */
+OMRT_EXPORT void omrt_gru_f32(const float *proj, const float *R, const float *B, const float *h0, float *y, float *yh,
+                              float *work, int64_t dirs, int64_t seq, int64_t batch, int64_t hidden, int64_t layout,
+                              int64_t reverse, int64_t lbr, int64_t threads) {
+    rnn_job j = {proj, R, NULL, NULL, B, h0, NULL, y, yh, NULL, work, dirs, seq, batch, hidden, layout, reverse, lbr,
+                 3, 2 * hidden, 1};
+    j.RT = panels_in(&j);
+    run_layer(&j, gru_part, threads);
 }
