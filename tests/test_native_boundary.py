@@ -114,8 +114,12 @@ def _calls() -> dict:
                         2, 3, 2, 5, 1, 0, 2],
         # GRU: bidirectional, 3 steps, batch 2, hidden 5, linear_before_reset, layout 0, on two threads;
         # work: per direction h and r h (2 x 5 each) and gates (2 x 128), then R's 128 panel rows
-        bindings.GRU: [_f32(3, 2, 2, 15), _f32(2, 15, 5), _f32(2, 30), _f32(2, 2, 5), _f32(3, 2, 2, 5),
-                       _f32(2, 2, 5), _f32(2 * (2 * (10 + 128) + 128 * 5)), 2, 3, 2, 5, 0, 0, 1, 2],
+        # (Rbh each direction's 5 floats 30 apart, as in B from its 25th float on)
+        bindings.GRU: [_f32(3, 2, 2, 15), _f32(2, 15, 5), _f32(35), _f32(2, 2, 5), _f32(3, 2, 2, 5),
+                       _f32(2, 2, 5), _f32(2 * (2 * (10 + 128) + 128 * 5)), 2, 3, 2, 5, 0, 0, 1, 30, 2],
+        # the same over R's panels packed beforehand, Rbh after the folded bias (5 floats apart)
+        bindings.GRU_PACKED: [_f32(3, 2, 2, 15), _f32(2, 2, 5, 64), _f32(10), _f32(2, 2, 5), _f32(3, 2, 2, 5),
+                              _f32(2, 2, 5), _f32(2 * 2 * (10 + 128)), 2, 3, 2, 5, 0, 0, 1, 5, 2],
         # the same over R's panels packed beforehand (2 directions x 64 rows x hidden 5)
         bindings.LSTM_PACKED: [_f32(3, 2, 2, 20), _f32(2, 5, 64), _f32(2, 15), _f32(2, 2, 5), _f32(2, 2, 5),
                                _f32(2, 3, 2, 5), _f32(2, 2, 5), _f32(2, 2, 5), _f32(2 * 2 * (10 + 64)),
@@ -253,6 +257,7 @@ BROKEN_RULES = [
     (bindings.LSTM, 12, 6, r"proj must hold seq \* batch \* dirs \* 4 \* hidden = 288 floats"),
     (bindings.LSTM_PACKED, 14, 2, r"requires reverse <= 1"),
     (bindings.GRU, 13, 2, r"requires lbr <= 1"),
+    (bindings.GRU, 14, 4, r"requires rbh_step >= hidden"),
     (bindings.GRU, 10, 6, r"proj must hold seq \* batch \* dirs \* 3 \* hidden = 216 floats"),
 ]
 

@@ -366,6 +366,21 @@ def test_recurrence_panels_hold_sixty_four_rows_of_r_per_column_and_zeros_past_t
     assert recurrent.pack_recurrence(rng.standard_normal((1, 132, 33)).astype(np.float32)).shape == (1, 3, 33, 64)
 
 
+def test_a_grus_candidate_rows_have_panels_of_their_own_and_rbh_follows_its_folded_bias():
+    r = rng.standard_normal((2, 30, 10)).astype(np.float32)
+    panels = recurrent.pack_recurrence(r, 20)
+    assert panels.shape == (2, 2, 10, 64)
+    np.testing.assert_array_equal(panels[:, 0, :, :20], r[:, :20].transpose(0, 2, 1))
+    np.testing.assert_array_equal(panels[:, 1, :, :10], r[:, 20:].transpose(0, 2, 1))
+    assert not panels[:, 0, :, 20:].any() and not panels[:, 1, :, 10:].any()
+    b = rng.standard_normal((2, 60)).astype(np.float32)
+    for lbr in (False, True):
+        folded = recurrent.fold_gru_bias(b, lbr).reshape(-1)
+        rbh = b[:, 50:] * (not lbr)
+        np.testing.assert_array_equal(folded[:60].reshape(2, 30), b[:, :30] + np.concatenate([b[:, 30:50], rbh], 1))
+        np.testing.assert_array_equal(folded[60:].reshape(2, 10), b[:, 50:])
+
+
 def test_the_projection_reads_every_directions_gates_side_by_side_and_the_biases_summed():
     w, b = rng.standard_normal((2, 16, 5)).astype(np.float32), rng.standard_normal((2, 32)).astype(np.float32)
     strips = recurrent.pack_input_weights(w)
@@ -375,19 +390,25 @@ def test_the_projection_reads_every_directions_gates_side_by_side_and_the_biases
                                                                           b[1, :16] + b[1, 16:]]))
 
 
-def packed_lstm(ins: list, attrs: dict, native) -> tuple[recurrent.PackedLSTM, list]:
-    """A PackedLSTM over `ins` (an LSTM's inputs) and the inputs it reads: the LSTM's eight, then
-    the weights as the compiler derives them."""
-    ins = list(ins) + [None] * (8 - len(ins))
+def packed_kernel(op: str, ins: list, attrs: dict, native) -> tuple[recurrent._PackedRecurrence, list]:
+    """The packed kernel of `op` over `ins` (its inputs) and the inputs it reads: the op's own,
+    then the weights as the compiler derives them."""
+    cls = recurrent.PACKED[op]
+    ins = list(ins) + [None] * (cls.own_inputs - len(ins))
     w, r, b = ins[1:4]
-    ins += [recurrent.pack_input_weights(w), None if b is None else recurrent.fold_bias(b),
-            recurrent.pack_recurrence(r)]
-    ctx = OpContext(attrs, 1, "t", "PackedLSTM", n_outputs=3, native=native)
+    lbr = bool(attrs.get("linear_before_reset", 0))
+    if op == "LSTM":
+        bias, panels = None if b is None else recurrent.fold_bias(b), recurrent.pack_recurrence(r)
+    else:
+        bias = None if b is None else recurrent.fold_gru_bias(b, lbr)
+        panels = recurrent.pack_recurrence(r, 2 * r.shape[-1])
+    ins += [recurrent.pack_input_weights(w), bias, panels]
+    ctx = OpContext(attrs, 1, "t", f"Packed{op}", n_outputs=n_out(op), native=native)
     infos = [None if a is None else TensorInfo(a.dtype, a.shape) for a in ins]
-    return recurrent.PackedLSTM(ctx, infos, recurrent.PackedLSTM.infer(ctx, infos)), ins
+    return cls(ctx, infos, cls.infer(ctx, infos)), ins
 
 
-def run_packed(kernel: recurrent.PackedLSTM, ins: list, present=(True, True, True)) -> list:
+def run_packed(kernel: recurrent._PackedRecurrence, ins: list, present=(True, True, True)) -> list:
     """The kernel's outputs (NaN before, so every float must be written) over a workspace of
     garbage."""
     outs = [np.full(o.shape, np.nan, o.dtype) if p else None for o, p in zip(kernel.outputs, present)]
@@ -395,31 +416,36 @@ def run_packed(kernel: recurrent.PackedLSTM, ins: list, present=(True, True, Tru
     return outs
 
 
+LOOPS = {"LSTM": (PACKED, NATIVE), "GRU": ("omrt_gru_packed_f32", "omrt_gru_f32")}
+"""Each packed op's C loops: over R's panels as the compiler packed them, over R as it is."""
+
+
 @pytest.mark.parametrize("threads", [1, 2], indirect=True)
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(direction=st.sampled_from(["forward", "reverse", "bidirectional"]), seq=st.integers(1, 12),
-       batch=st.integers(1, 9), inp=st.integers(1, 40), hidden=st.integers(1, 40), layout=st.integers(0, 1),
-       bias=st.booleans(), initial=st.booleans(), peepholes=st.booleans(),
-       present=st.sampled_from([(True, True, True), (False, True, True), (True, False, False)]))
-def test_packed_lstm_matches_the_lstm_it_was(native, threads, direction, seq, batch, inp, hidden, layout, bias,
-                                             initial, peepholes, present):
+@given(op=st.sampled_from(["LSTM", "GRU"]), direction=st.sampled_from(["forward", "reverse", "bidirectional"]),
+       seq=st.integers(1, 12), batch=st.integers(1, 9), inp=st.integers(1, 40), hidden=st.integers(1, 40),
+       layout=st.integers(0, 1), bias=st.booleans(), initial=st.booleans(), peepholes=st.booleans(),
+       lbr=st.booleans(), present=st.sampled_from([(True, True, True), (False, True, True), (True, False, False)]))
+def test_packed_recurrences_match_the_ops_they_were(native, threads, op, direction, seq, batch, inp, hidden, layout,
+                                                    bias, initial, peepholes, lbr, present):
     """Over any shape the compiler packs, on omrt's GEMM and the time loop over packed R when the
-    CPU has the vector tile (else as the LSTM it was): the numpy path's and onnx.reference's
+    CPU has the vector tile (else as the op it was): the numpy path's and onnx.reference's
     outputs to float32 rounding."""
     batch = 1 if layout else batch
     dirs = 2 if direction == "bidirectional" else 1
     assume(seq * batch >= packed.MIN_ROWS)
-    ins = make_inputs("LSTM", seq, batch, inp, hidden, dirs, layout, bias, initial, peepholes)
-    attrs = attrs_for(direction, hidden, layout=layout)
-    kernel, packed_ins = packed_lstm(ins, attrs, native)
-    assert recurrent.packable(attrs, kernel.inputs)
+    ins = make_inputs(op, seq, batch, inp, hidden, dirs, layout, bias, initial, peepholes and op == "LSTM")
+    attrs = attrs_for(direction, hidden, layout=layout, **({"linear_before_reset": int(lbr)} if op == "GRU" else {}))
+    present = present[:n_out(op)]
+    kernel, packed_ins = packed_kernel(op, ins, attrs, native)
+    assert recurrent.packable(op, attrs, kernel.inputs)
     calls = native.calls()
     got = run_packed(kernel, packed_ins, present)
     tile = packed.gemm_tile(native) > 0
-    assert [native.calls().get(f, 0) - calls.get(f, 0) for f in (PACKED, "omrt_pmatmul_f32", NATIVE)] == \
-        ([1, 1, 0] if tile else [0, 0, 1])
-    want = reference("LSTM", ins, attrs, opset=14, n_outputs=3)
-    for g, n, w in zip(got, run_lstm(ins, attrs, present), want):
+    assert [native.calls().get(f, 0) - calls.get(f, 0) for f in (*LOOPS[op], "omrt_pmatmul_f32")] == \
+        ([1, 0, 1] if tile else [0, 1, 0])
+    want = reference(op, ins, attrs, opset=14, n_outputs=n_out(op))
+    for g, n, w in zip(got, run_recurrent(op, ins, attrs, present), want):
         assert (g is None) == (n is None)
         if g is not None:
             assert scaled_error(g, n) < 1e-5 and scaled_error(g, w) < 1e-5, (scaled_error(g, n), scaled_error(g, w))
@@ -439,10 +465,10 @@ def test_only_lstms_the_c_loop_takes_whole_in_time_order_with_enough_rows_are_pa
     ins = make_inputs("LSTM", seq=seq, batch=layout_batch or 4, dirs=2 if attrs["direction"] == "bidirectional"
                       else 1, layout=attrs.get("layout", 0), lens=lens, dtype=dtype)
     infos = [None if a is None else TensorInfo(a.dtype, a.shape) for a in ins]
-    assert not recurrent.packable(attrs, infos)
+    assert not recurrent.packable("LSTM", attrs, infos)
     x = TensorInfo(np.float32, (1, 8, 5) if attrs.get("layout") else (8, 4, 5))  # the same LSTM, packable
     weights = [TensorInfo(np.float32, i.shape) for i in infos[1:4]]
-    assert recurrent.packable(attrs_for(attrs["direction"], layout=attrs.get("layout", 0)), [x] + weights)
+    assert recurrent.packable("LSTM", attrs_for(attrs["direction"], layout=attrs.get("layout", 0)), [x] + weights)
 
 
 def _lstm_model(seq: int = 10, inp: int = 12, hidden: int = 9) -> onnx.ModelProto:
@@ -521,3 +547,48 @@ def test_a_weight_budget_holds_only_the_lstm_weights_that_are_read(lstm_om, trus
     x = np.random.default_rng(4).standard_normal((10, 1, 12)).astype(np.float32)
     got, want = model.session().run({"x": x}), omrt.load(lstm_om).session().run({"x": x})
     assert all(scaled_error(got[k], want[k]) < 1e-5 for k in want)
+
+
+def _gru_model(seq: int = 10, inp: int = 12, hidden: int = 9) -> onnx.ModelProto:
+    """A bidirectional GRU with a bias and linear_before_reset (as PyTorch exports them), then a
+    GRU without either reading the first one's Y: both packed by the compiler."""
+    from onnx import TensorProto, numpy_helper
+
+    r = np.random.default_rng(6)
+    weights = {"w": r.standard_normal((2, 3 * hidden, inp)) / 3, "r": r.standard_normal((2, 3 * hidden, hidden)) / 3,
+               "b": r.standard_normal((2, 6 * hidden)) / 3, "w2": r.standard_normal((1, 3 * hidden, 2 * hidden)) / 3,
+               "r2": r.standard_normal((1, 3 * hidden, hidden)) / 3}
+    inits = [numpy_helper.from_array(v.astype(np.float32), k) for k, v in weights.items()]
+    inits.append(numpy_helper.from_array(np.array([seq, 1, 2 * hidden], np.int64), "shape"))
+    nodes = [helper.make_node("GRU", ["x", "w", "r", "b"], ["y", "yh"], direction="bidirectional", hidden_size=hidden,
+                              linear_before_reset=1),
+             helper.make_node("Transpose", ["y"], ["yt"], perm=[0, 2, 1, 3]),
+             helper.make_node("Reshape", ["yt", "shape"], ["y2"]),
+             helper.make_node("GRU", ["y2", "w2", "r2"], ["z", "zh"], hidden_size=hidden)]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [seq, 1, inp])],
+                              [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("yh", "z")],
+                              inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)])
+
+
+def test_a_compiled_gru_reads_its_weights_as_packed_and_uses_swapped_ones(native, tmp_path):
+    path = str(tmp_path / "gru.om")
+    omrt.compile(_gru_model(), path, progress=None)
+    model = omrt.load(path, trust_kernels=True)
+    grus = [n for n in model.graph.nodes if "GRU" in n.op_type]
+    assert [(n.op_type, n.domain) for n in grus] == [("PackedGRU", "omrt")] * 2
+    assert grus[0].inputs[6:] == ["w__gru_strips", "b__gru_bias_lbr", "r__gru_panels"]
+    assert grus[1].inputs[6:] == ["w2__gru_strips", "", "r2__gru_panels"]
+    x = np.random.default_rng(1).standard_normal((10, 1, 12)).astype(np.float32)
+    want = reference_model(_gru_model(), {"x": x})
+    trusted, plain = model.session(), omrt.load(path).session()
+    for got in (trusted.run({"x": x}), plain.run({"x": x})):
+        assert all(scaled_error(got[k], w) < 1e-5 for k, w in want.items())
+    assert model.native.calls().get("omrt_gru_packed_f32", 0) == (2 if packed.gemm_tile(model.native) > 0 else 0)
+    r = np.random.default_rng(3)
+    for name in ("w", "b", "r", "w2", "r2"):
+        new = (r.standard_normal(plain.model.graph.constants[name].shape) / 3).astype(np.float32)
+        trusted.set_weight(name, new)
+        plain.set_weight(name, new)
+        got, want = trusted.run({"x": x}), plain.run({"x": x})
+        assert all(scaled_error(got[k], want[k]) < 1e-5 for k in want), name

@@ -633,24 +633,36 @@ def use_packed_products(graph: Graph) -> Graph:
 
 
 def use_packed_recurrences(graph: Graph) -> Graph:
-    """Rewrite the LSTMs whose weights are constants and whose time loop runs in C as
-    omrt::PackedLSTM, adding W^T in strips for omrt's own GEMM, the summed biases and R in the
-    time loop's panels as weights (see omrt.kernels.recurrent). Only worth it when the native
-    library is packed."""
+    """Rewrite the LSTMs and GRUs whose weights are constants and whose time loop runs in C as
+    omrt::PackedLSTM and omrt::PackedGRU, adding W^T in strips for omrt's own GEMM, the folded
+    biases and R in the time loop's panels as weights (see omrt.kernels.recurrent). Only worth it
+    when the native library is packed."""
     for node in graph.nodes:
-        if (node.op_type, node.domain) != ("LSTM", ""):
+        if node.domain or node.op_type not in recurrent.PACKED:
             continue
-        names = list(node.inputs) + [""] * (8 - len(node.inputs))
+        own = recurrent.PACKED[node.op_type].own_inputs
+        names = list(node.inputs) + [""] * (own - len(node.inputs))
         w, r, b = names[1:4]
         infos = [graph.infos[n] if n else None for n in names]
         if (w not in graph.constants or r not in graph.constants or (b and b not in graph.constants)
-                or not recurrent.packable(node.attrs, infos)):
+                or not recurrent.packable(node.op_type, node.attrs, infos)):
             continue
-        extra = [_derived(graph, w, "__lstm_strips", recurrent.pack_input_weights),
-                 _derived(graph, b, "__lstm_bias", recurrent.fold_bias) if b else "",
-                 _derived(graph, r, "__lstm_panels", recurrent.pack_recurrence)]
-        _become(graph, node, "PackedLSTM", names + extra)
+        _become(graph, node, f"Packed{node.op_type}", names + _recurrence_weights(graph, node, w, r, b))
     return graph
+
+
+def _recurrence_weights(graph: Graph, node: Node, w: str, r: str, b: str) -> list[str]:
+    """The names of the weights a packed LSTM or GRU reads, derived from W, B (or "") and R."""
+    if node.op_type == "LSTM":
+        bias = _derived(graph, b, "__lstm_bias", recurrent.fold_bias) if b else ""
+        return [_derived(graph, w, "__lstm_strips", recurrent.pack_input_weights), bias,
+                _derived(graph, r, "__lstm_panels", recurrent.pack_recurrence)]
+    lbr = bool(node.attrs.get("linear_before_reset", 0))
+    hidden = graph.constants[r].shape[-1]
+    bias = _derived(graph, b, "__gru_bias_lbr" if lbr else "__gru_bias",
+                    lambda v: recurrent.fold_gru_bias(v, lbr)) if b else ""
+    return [_derived(graph, w, "__gru_strips", recurrent.pack_input_weights), bias,
+            _derived(graph, r, "__gru_panels", lambda v: recurrent.pack_recurrence(v, 2 * hidden))]
 
 
 class _Chain:

@@ -21,7 +21,7 @@ import numpy as np
 from ..errors import ShapeError
 from ..native.bindings import GRU as NATIVE_GRU
 from ..native.bindings import LSTM as NATIVE_LSTM
-from ..native.bindings import LSTM_PACKED, PMATMUL, activation_code
+from ..native.bindings import GRU_PACKED, LSTM_PACKED, PMATMUL, activation_code
 from ..native.signature import Function
 from ..native.signature import CONSTANTS
 from . import packed, parallel
@@ -242,8 +242,9 @@ class _Recurrent(Kernel):
         """The inputs the C loop reads besides the projection, in its arguments' order."""
         return ()
 
-    def loop_flags(self) -> tuple:
-        """The C loop's integer arguments after `reverse`, before `threads`."""
+    def loop_flags(self, packed: bool = False) -> tuple:
+        """The C loop's integer arguments after `reverse`, before `threads` (of its packed form when
+        `packed`)."""
         return ()
 
     def workspace(self) -> int:
@@ -394,10 +395,13 @@ class GRU(_Recurrent):
         return -(-2 * self.hidden // PANEL) * PANEL + -(-self.hidden // PANEL) * PANEL
 
     def loop_arrays(self, inputs):
-        return inputs[2], inputs[3], inputs[5]
+        b = inputs[3]
+        return inputs[2], None if b is None else b.reshape(-1)[5 * self.hidden:], inputs[5]
 
-    def loop_flags(self):
-        return (int(bool(self.ctx.attr("linear_before_reset", 0))),)
+    def loop_flags(self, packed=False):
+        """linear_before_reset, and how far apart each direction's Rbh is: in B, or after the
+        folded bias (fold_gru_bias)."""
+        return int(bool(self.ctx.attr("linear_before_reset", 0))), self.hidden if packed else 6 * self.hidden
 
     def add_input_bias(self, b, proj):
         h = self.hidden
@@ -497,87 +501,146 @@ class LSTM(_Recurrent):
 
 
 def pack_input_weights(w: np.ndarray) -> np.ndarray:
-    """W (dirs, 4h, input) as the strips of omrt's GEMM read W^T (input, dirs * 4h): every
-    direction's gates side by side, as the projection writes them."""
+    """W (dirs, gates x h, input) as the strips of omrt's GEMM read W^T (input, dirs x gates x h):
+    every direction's gates side by side, as the projection writes them."""
     return packed.pack_strips(np.ascontiguousarray(w.reshape(-1, w.shape[-1]).T))
 
 
 def fold_bias(b: np.ndarray) -> np.ndarray:
-    """B (dirs, 8h) as the projection's bias (dirs * 4h): Wb + Rb of every direction."""
+    """An LSTM's B (dirs, 8h) as the projection's bias (dirs * 4h): Wb + Rb of every direction."""
     half = b.shape[-1] // 2
     return (b[:, :half] + b[:, half:]).reshape(-1)
 
 
-def pack_recurrence(r: np.ndarray) -> np.ndarray:
-    """R (dirs, 4h, h) as the C time loop's panels (dirs, ceil(4h / PANEL), h, PANEL): element
-    [d, p, k, l] is R[d, PANEL p + l, k], zero past the last row."""
+def fold_gru_bias(b: np.ndarray, lbr: bool) -> np.ndarray:
+    """A GRU's B (dirs, 6h) as the projection's bias (dirs * 3h: Wb + Rb of every direction, but
+    for Rbh with linear_before_reset, which the reset gate scales), then every direction's Rbh
+    (dirs * h), which the time loop reads with linear_before_reset."""
+    h = b.shape[-1] // 6
+    rb = b[:, 3 * h:].copy()
+    if lbr:
+        rb[:, 2 * h:] = 0
+    return np.concatenate([(b[:, :3 * h] + rb).reshape(-1), b[:, 5 * h:].reshape(-1)])
+
+
+def _panels(r: np.ndarray) -> np.ndarray:
+    """R's rows (dirs, rows, h) in panels (dirs, ceil(rows / PANEL), h, PANEL), zero past the last."""
     dirs, rows, hidden = r.shape
     padded = np.zeros((dirs, -(-rows // PANEL) * PANEL, hidden), r.dtype)
     padded[:, :rows] = r
-    return np.ascontiguousarray(padded.reshape(dirs, -1, PANEL, hidden).transpose(0, 1, 3, 2))
+    return padded.reshape(dirs, -1, PANEL, hidden).transpose(0, 1, 3, 2)
 
 
-def packable(attrs: dict, inputs: Sequence[TensorInfo | None]) -> bool:
-    """Whether an LSTM over these inputs (X, W, R, B, sequence_lens, ... as infos) can run as a
-    PackedLSTM: the C time loop's case, every sequence full length (no sequence_lens), X's rows
-    one matrix in time order (layout 0, or a batch of one), and enough of them for the GEMM's
-    panels."""
+def pack_recurrence(r: np.ndarray, first: int | None = None) -> np.ndarray:
+    """R (dirs, G, h) as the C time loop's panels (dirs, panels, h, PANEL): element [d, p, k, l] is
+    R[d, PANEL p + l, k], zero past the last row; with `first` (a GRU's update and reset rows, 2h)
+    those rows and the rest each in panels of their own."""
+    first = r.shape[1] if first is None else first
+    groups = [r[:, :first]] + ([r[:, first:]] if first < r.shape[1] else [])
+    return np.ascontiguousarray(np.concatenate([_panels(g) for g in groups], axis=1))
+
+
+def packable(op_type: str, attrs: dict, inputs: Sequence[TensorInfo | None]) -> bool:
+    """Whether an LSTM or GRU (`op_type`) over these inputs (X, W, R, B, sequence_lens, ... as
+    infos) can run packed (PackedLSTM, PackedGRU): the C time loop's case, every sequence full
+    length (no sequence_lens), X's rows one matrix in time order (layout 0, or a batch of one),
+    and enough of them for the GEMM's panels."""
     x = inputs[0]
     if (len(inputs) > 4 and inputs[4] is not None) or x is None or not x.static or x.rank != 3:
         return False
-    ctx = OpContext(attrs, 14, "packable", "LSTM", n_outputs=3)
-    kernel = LSTM(ctx, inputs, LSTM.infer(ctx, inputs))
+    cls = {"LSTM": LSTM, "GRU": GRU}[op_type]
+    ctx = OpContext(attrs, 14, "packable", op_type, n_outputs=1 + cls.states)
+    kernel = cls(ctx, inputs, cls.infer(ctx, inputs))
     seq, batch = kernel.specs[0][0][:2]
     return kernel.native_case and (not kernel.layout or batch == 1) and seq * batch >= packed.MIN_ROWS
 
 
-@register("PackedLSTM", since=1, domain="omrt")
-class PackedLSTM(LSTM):
-    """An LSTM (its eight inputs, absent ones "") followed by pack_input_weights(W),
-    fold_bias(B) (or "" without B) and pack_recurrence(R), in the case `packable` takes: the
-    projection runs on omrt's GEMM over W's strips with the bias in its epilogue, the time loop
-    over R's panels. Without the native library (or its vector tile) it runs as the LSTM it was."""
+class _PackedRecurrence:
+    """An LSTM or GRU (its own inputs, absent ones "") followed by weights the compiler derived:
+    pack_input_weights(W), its folded bias (or "" without B) and pack_recurrence(R), in the case
+    `packable` takes. The projection runs on omrt's GEMM over W's strips with the bias in its
+    epilogue, the time loop over R's panels. Without the native library (or its vector tile) it
+    runs as the op it was."""
 
-    derived = ((8, 1), (9, 3), (10, 2))
+    own_inputs: ClassVar[int]
+    packed_function: ClassVar[Function]
     derived_call = "native_packed"
 
     def __init__(self, ctx: OpContext, inputs: Sequence[TensorInfo | None],
                  outputs: Sequence[TensorInfo]) -> None:
-        super().__init__(ctx, inputs[:8], outputs)
+        super().__init__(ctx, inputs[:self.own_inputs], outputs)
         self.inputs = list(inputs)
         seq, batch, columns = self.specs[0][0]
         self.rows, self.depth, self.columns = seq * batch, inputs[0].shape[-1], columns
         self.panels_spec = ((-(-self.rows // packed.PANEL) * packed.PANEL * self.depth,), np.dtype(np.float32))
         self.states_spec = ((self.dirs * batch * (2 * self.hidden + self.panel_rows()),), np.dtype(np.float32))
-        """A's panels for the GEMM, then each direction's h, c and gates for the time loop."""
+        """A's panels for the GEMM, then each direction's states and gates for the time loop."""
         library = ctx.native
         gemm = library.get(PMATMUL) if library is not None else None
         usable = (gemm is not None and self.native_loop is not None and packed.gemm_tile(library) > 0
                   and self.rows >= packed.MIN_ROWS)
         self.native_packed = gemm if usable else None
-        self.native_recurrence = library.get(LSTM_PACKED) if usable else None
+        self.native_recurrence = library.get(self.packed_function) if usable else None
 
     def workspace(self) -> int:
         return max(super().workspace(), carve_size(self.specs[0], self.panels_spec, self.states_spec))
 
+    def packed_arrays(self, inputs: list, bias: np.ndarray | None) -> tuple:
+        """The arrays the packed C loop reads between R's panels and the outputs."""
+        raise NotImplementedError
+
     def bind(self, inputs, outputs, workspace):
         if self.native_packed is None:
             return None
-        x, _, _, _, _, h0, c0, p, strips, bias, panels = list(inputs) + [None] * (11 - len(inputs))
-        outputs = list(outputs) + [None] * (3 - len(outputs))
-        if not all(a is None or a.flags.c_contiguous for a in (x, h0, c0, p, strips, bias, panels, *outputs)):
+        own = self.own_inputs
+        inputs = list(inputs) + [None] * (own + 3 - len(inputs))
+        x, (strips, bias, panels) = inputs[0], inputs[own:own + 3]
+        arrays = self.packed_arrays(inputs, bias)
+        outputs = list(outputs) + [None] * (1 + self.states - len(outputs))
+        if not all(a is None or a.flags.c_contiguous for a in (x, strips, bias, panels, *arrays, *outputs)):
             return None
         proj, a_panels, work = carve(workspace, self.specs[0], self.panels_spec, self.states_spec)
         m, n, k = self.rows, self.columns, self.depth
-        project = self.native_packed.bind(x.reshape(m, k), strips, bias, proj.reshape(m, n), a_panels, m, n, k, k,
-                                          n, n, m * n, parallel.native_threads(2 * m * n * k),
-                                          *activation_code({}))
+        project = self.native_packed.bind(x.reshape(m, k), strips, None if bias is None else bias[:n],
+                                          proj.reshape(m, n), a_panels, m, n, k, k, n, n, m * n,
+                                          parallel.native_threads(2 * m * n * k), *activation_code({}))
         seq, batch = proj.shape[:2]
-        recur = self.native_recurrence.bind(proj, panels, p, h0, c0, *outputs, work, self.dirs, seq, batch,
+        recur = self.native_recurrence.bind(proj, panels, *arrays, *outputs, work, self.dirs, seq, batch,
                                             self.hidden, self.layout, int(self.backward[0]),
+                                            *self.loop_flags(packed=True),
                                             parallel.native_threads(self.flops, slots=self.slots))
         return [project, recur]
 
     def run(self, inputs, outputs, workspace):
         if not run_bound(self.bind(inputs, outputs, workspace)):
-            super().run(inputs[:8], outputs, workspace)
+            super().run(inputs[:self.own_inputs], outputs, workspace)
+
+
+@register("PackedLSTM", since=1, domain="omrt")
+class PackedLSTM(_PackedRecurrence, LSTM):
+    """An LSTM's eight inputs, then pack_input_weights(W), fold_bias(B) and pack_recurrence(R)
+    (see _PackedRecurrence)."""
+
+    own_inputs = 8
+    derived = ((8, 1), (9, 3), (10, 2))
+    packed_function = LSTM_PACKED
+
+    def packed_arrays(self, inputs, bias):
+        return inputs[7], inputs[5], inputs[6]
+
+
+@register("PackedGRU", since=1, domain="omrt")
+class PackedGRU(_PackedRecurrence, GRU):
+    """A GRU's six inputs, then pack_input_weights(W), fold_gru_bias(B, linear_before_reset) and
+    pack_recurrence(R, 2h) (see _PackedRecurrence)."""
+
+    own_inputs = 6
+    derived = ((6, 1), (7, 3), (8, 2))
+    packed_function = GRU_PACKED
+
+    def packed_arrays(self, inputs, bias):
+        return None if bias is None else bias[self.columns:], inputs[5]
+
+
+PACKED: dict[str, type[_PackedRecurrence]] = {"LSTM": PackedLSTM, "GRU": PackedGRU}
+"""The packed kernel of each recurrent op the compiler packs."""

@@ -255,22 +255,30 @@ LSTM = _lstm("omrt_lstm_f32", Array("R", "dirs * 4 * hidden * hidden"), "Gp * hi
 LSTM_PACKED = _lstm("omrt_lstm_packed_f32", Array("RT", "dirs * Gp * hidden"), "0")
 """The same over R's panels packed at compile time (omrt.kernels.recurrent.pack_recurrence)."""
 
-GRU = Function(
-    "recurrent", "omrt_gru_f32",
-    (Array("proj", "seq * batch * dirs * 3 * hidden"), Array("R", "dirs * 3 * hidden * hidden"),
-     Array("B", "dirs * 6 * hidden", optional=True), Array("h0", _STATE, optional=True),
-     Array("y", f"seq * {_STATE}", write=True, optional=True), Array("yh", _STATE, write=True, optional=True),
-     Array("work", "dirs * (batch * (2 * hidden + Gp) + Gp * hidden)", write=True, scratch=True),
-     Int("dirs", 1), Int("seq"), Int("batch"), Int("hidden", 1), Int("layout"), Int("reverse"), Int("lbr"),
-     Int("threads", 1)),
-    derived=(("Gp", "-(-2 * hidden // LSTM_PANEL) * LSTM_PANEL + -(-hidden // LSTM_PANEL) * LSTM_PANEL"),),
-    requires=("dirs <= 2", "layout <= 1", "reverse <= 1", "lbr <= 1"))
+def _gru(name: str, weights: Array, panels: str) -> Function:
+    """A GRU time loop over R given as `weights`, as _lstm's."""
+    return Function(
+        "recurrent", name,
+        (Array("proj", "seq * batch * dirs * 3 * hidden"), weights,
+         Array("Rbh", "(dirs - 1) * rbh_step + hidden", optional=True), Array("h0", _STATE, optional=True),
+         Array("y", f"seq * {_STATE}", write=True, optional=True), Array("yh", _STATE, write=True, optional=True),
+         Array("work", f"dirs * (batch * (2 * hidden + Gp) + {panels})", write=True, scratch=True),
+         Int("dirs", 1), Int("seq"), Int("batch"), Int("hidden", 1), Int("layout"), Int("reverse"), Int("lbr"),
+         Int("rbh_step"), Int("threads", 1)),
+        derived=(("Gp", "-(-2 * hidden // LSTM_PANEL) * LSTM_PANEL + -(-hidden // LSTM_PANEL) * LSTM_PANEL"),),
+        requires=("dirs <= 2", "layout <= 1", "reverse <= 1", "lbr <= 1", "rbh_step >= hidden"))
+
+
+GRU = _gru("omrt_gru_f32", Array("R", "dirs * 3 * hidden * hidden"), "Gp * hidden")
 """A GRU layer's time loop (csrc/recurrent.c), R as ONNX stores it, packed into panels per call:
 its update and reset rows, then its candidate rows."""
 
+GRU_PACKED = _gru("omrt_gru_packed_f32", Array("RT", "dirs * Gp * hidden"), "0")
+"""The same over R's panels packed at compile time (omrt.kernels.recurrent.pack_recurrence)."""
+
 FUNCTIONS = (USE_BLAS, POOL_BUSY, RUN_CALLS, GEMM_TILE, DWCONV2D, IM2COL2D, CONV2D, PCONV2D, POOL2D, GLOBAL_POOL, WINOGRAD,
              MATMUL, PMATMUL, ATTENTION, GELU, LRN, BINARY, COPY_BLOCKS, REPEAT2D, DECONV, LSTM,
-             LSTM_PACKED, GRU)
+             LSTM_PACKED, GRU, GRU_PACKED)
 """Every exported C function, the library's entry point first."""
 
 UNITS = tuple(sorted({fn.unit for fn in FUNCTIONS} - {USE_BLAS.unit}))

@@ -30,9 +30,9 @@ static inline float tanh_f32(float x) {
 enum { PANEL = 64 }; /* rows of R per panel (r_panels) */
 
 typedef struct {
-    const float *proj, *R, *RT, *P, *B, *h0, *c0;
+    const float *proj, *R, *RT, *P, *Rbh, *h0, *c0;
     float *y, *yh, *yc, *work;
-    int64_t dirs, seq, batch, hidden, layout, reverse, lbr;
+    int64_t dirs, seq, batch, hidden, layout, reverse, lbr, rbh_step;
     int64_t gates, first, slices;
     /* R's rows (gates x hidden) and those of its first group of panels (the rest, GRU's
      * candidate rows, have panels of their own); the batch's slices per direction */
@@ -203,7 +203,7 @@ static OMRT_HOT void gru_part(void *p, int64_t item, int64_t thread) {
     int64_t d, lo, hi;
     slice_of(j, item, &d, &lo, &hi);
     float *h = j->work + d * B * (2 * H + Gp), *rh = h + B * H, *gates = rh + B * H;
-    const float *RT = j->RT + d * Gp * H, *Rbh = j->B && j->lbr ? j->B + d * 6 * H + 5 * H : NULL;
+    const float *RT = j->RT + d * Gp * H, *Rbh = j->Rbh && j->lbr ? j->Rbh + d * j->rbh_step : NULL;
     load_states(j, j->h0, h, d, lo, hi);
     for (int64_t s = 0; s < j->seq; s++) {
         const int64_t t = j->reverse || d == 1 ? j->seq - 1 - s : s;
@@ -249,7 +249,7 @@ static float *panels_in(const rnn_job *j) { return j->work + j->dirs * j->batch 
 OMRT_EXPORT void omrt_lstm_f32(const float *proj, const float *R, const float *P, const float *h0, const float *c0,
                                float *y, float *yh, float *yc, float *work, int64_t dirs, int64_t seq, int64_t batch,
                                int64_t hidden, int64_t layout, int64_t reverse, int64_t threads) {
-    rnn_job j = {proj, R, NULL, P, NULL, h0, c0, y, yh, yc, work, dirs, seq, batch, hidden, layout, reverse, 0,
+    rnn_job j = {proj, R, NULL, P, NULL, h0, c0, y, yh, yc, work, dirs, seq, batch, hidden, layout, reverse, 0, 0,
                  4, 4 * hidden, 1};
     j.RT = panels_in(&j);
     run_layer(&j, lstm_part, threads);
@@ -262,23 +262,33 @@ OMRT_EXPORT void omrt_lstm_packed_f32(const float *proj, const float *RT, const 
                                       const float *c0, float *y, float *yh, float *yc, float *work, int64_t dirs,
                                       int64_t seq, int64_t batch, int64_t hidden, int64_t layout, int64_t reverse,
                                       int64_t threads) {
-    rnn_job j = {proj, NULL, RT, P, NULL, h0, c0, y, yh, yc, work, dirs, seq, batch, hidden, layout, reverse, 0,
+    rnn_job j = {proj, NULL, RT, P, NULL, h0, c0, y, yh, yc, work, dirs, seq, batch, hidden, layout, reverse, 0, 0,
                  4, 4 * hidden, 1};
     run_layer(&j, lstm_part, threads);
 }
 
 /* A GRU layer with the default activations (sigmoid, tanh), no clip, every sequence full length.
  * `proj` (seq x batch x dirs x 3h) holds X W^T + Wb + Rb, gates in ONNX's order z, r, h, but for
- * Rbh with `lbr` (linear_before_reset), which is added to R_h h before the reset gate scales it,
- * read from B (dirs x 6h, as ONNX stores it; NULL: no bias). R (dirs x 3h x h) is as ONNX stores
- * it; states and outputs as omrt_lstm_f32's. `work` holds each direction's h, r h and gates
+ * Rbh with `lbr` (linear_before_reset), which is added to R_h h before the reset gate scales it:
+ * direction d's at Rbh + d rbh_step (NULL: no bias). R (dirs x 3h x h) is as ONNX stores it;
+ * states and outputs as omrt_lstm_f32's. `work` holds each direction's h, r h and gates
  * (batch * (2h + Gp) floats, Gp = 2h and h each rounded up to PANEL), then each direction's R in
  * panels (Gp * h floats: its update and reset rows, then its candidate rows). */
-OMRT_EXPORT void omrt_gru_f32(const float *proj, const float *R, const float *B, const float *h0, float *y, float *yh,
-                              float *work, int64_t dirs, int64_t seq, int64_t batch, int64_t hidden, int64_t layout,
-                              int64_t reverse, int64_t lbr, int64_t threads) {
-    rnn_job j = {proj, R, NULL, NULL, B, h0, NULL, y, yh, NULL, work, dirs, seq, batch, hidden, layout, reverse, lbr,
-                 3, 2 * hidden, 1};
+OMRT_EXPORT void omrt_gru_f32(const float *proj, const float *R, const float *Rbh, const float *h0, float *y,
+                              float *yh, float *work, int64_t dirs, int64_t seq, int64_t batch, int64_t hidden,
+                              int64_t layout, int64_t reverse, int64_t lbr, int64_t rbh_step, int64_t threads) {
+    rnn_job j = {proj, R, NULL, NULL, Rbh, h0, NULL, y, yh, NULL, work, dirs, seq, batch, hidden, layout, reverse, lbr,
+                 rbh_step, 3, 2 * hidden, 1};
     j.RT = panels_in(&j);
+    run_layer(&j, gru_part, threads);
+}
+
+/* omrt_gru_f32 with R's panels packed at compile time (RT, each direction's Gp x h panels one
+ * after the other), `work` each direction's h, r h and gates (batch * (2h + Gp) floats). */
+OMRT_EXPORT void omrt_gru_packed_f32(const float *proj, const float *RT, const float *Rbh, const float *h0, float *y,
+                                     float *yh, float *work, int64_t dirs, int64_t seq, int64_t batch, int64_t hidden,
+                                     int64_t layout, int64_t reverse, int64_t lbr, int64_t rbh_step, int64_t threads) {
+    rnn_job j = {proj, NULL, RT, NULL, Rbh, h0, NULL, y, yh, NULL, work, dirs, seq, batch, hidden, layout, reverse,
+                 lbr, rbh_step, 3, 2 * hidden, 1};
     run_layer(&j, gru_part, threads);
 }
