@@ -494,59 +494,6 @@ def _lstm_model(seq: int = 10, inp: int = 12, hidden: int = 9) -> onnx.ModelProt
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)])
 
 
-@pytest.fixture(scope="module")
-def lstm_om(tmp_path_factory, native):
-    path = str(tmp_path_factory.mktemp("lstm") / "lstm.om")
-    omrt.compile(_lstm_model(), path, progress=None)
-    return path
-
-
-def test_a_compiled_lstm_reads_its_weights_as_packed_and_agrees_untrusted(lstm_om):
-    model = omrt.load(lstm_om, trust_kernels=True)
-    lstms = [n for n in model.graph.nodes if "LSTM" in n.op_type]
-    assert [(n.op_type, n.domain) for n in lstms] == [("PackedLSTM", "omrt")] * 2
-    assert lstms[0].inputs[8:] == ["w__lstm_strips", "b__lstm_bias", "r__lstm_panels"]
-    assert lstms[1].inputs[8:] == ["w2__lstm_strips", "", "r2__lstm_panels"]
-    x = np.random.default_rng(1).standard_normal((10, 1, 12)).astype(np.float32)
-    want = reference_model(_lstm_model(), {"x": x})
-    for got in (model.session().run({"x": x}), omrt.load(lstm_om).session().run({"x": x})):
-        for name, w in want.items():
-            assert scaled_error(got[name], w) < 1e-5, name
-    tile = packed.gemm_tile(model.native) > 0
-    assert model.native.calls().get(PACKED, 0) == (2 if tile else 0)
-
-
-def reference_model(model: onnx.ModelProto, feeds: dict) -> dict:
-    from onnx.reference import ReferenceEvaluator
-
-    names = [o.name for o in model.graph.output]
-    return dict(zip(names, ReferenceEvaluator(model).run(names, feeds)))
-
-
-def test_swapped_lstm_weights_are_used_not_what_was_packed_from_them(lstm_om):
-    x = np.random.default_rng(2).standard_normal((10, 1, 12)).astype(np.float32)
-    trusted, plain = omrt.load(lstm_om, trust_kernels=True).session(), omrt.load(lstm_om).session()
-    r = np.random.default_rng(3)
-    for name in ("w", "b", "r", "w2", "r2"):
-        new = (r.standard_normal(plain.model.graph.constants[name].shape) / 3).astype(np.float32)
-        trusted.set_weight(name, new)
-        plain.set_weight(name, new)
-        got, want = trusted.run({"x": x}), plain.run({"x": x})
-        assert all(scaled_error(got[k], want[k]) < 1e-5 for k in want), name
-
-
-@pytest.mark.parametrize("trust", [True, False])
-def test_a_weight_budget_holds_only_the_lstm_weights_that_are_read(lstm_om, trust):
-    model = omrt.load(lstm_om, trust_kernels=trust, weight_budget=1 << 20)
-    plan = model.default.stream
-    held = set(plan.resident) | {f.key for f in plan.fills}
-    sources = {"w", "b", "r", "w2", "r2"}
-    derived = {"w__lstm_strips", "b__lstm_bias", "r__lstm_panels", "w2__lstm_strips", "r2__lstm_panels"}
-    packed_path = trust and packed.gemm_tile(model.native) > 0
-    assert held & (sources | derived) == (derived if packed_path else sources)
-    x = np.random.default_rng(4).standard_normal((10, 1, 12)).astype(np.float32)
-    got, want = model.session().run({"x": x}), omrt.load(lstm_om).session().run({"x": x})
-    assert all(scaled_error(got[k], want[k]) < 1e-5 for k in want)
 
 
 def _gru_model(seq: int = 10, inp: int = 12, hidden: int = 9) -> onnx.ModelProto:
@@ -571,24 +518,70 @@ def _gru_model(seq: int = 10, inp: int = 12, hidden: int = 9) -> onnx.ModelProto
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)])
 
 
-def test_a_compiled_gru_reads_its_weights_as_packed_and_uses_swapped_ones(native, tmp_path):
-    path = str(tmp_path / "gru.om")
-    omrt.compile(_gru_model(), path, progress=None)
+
+def reference_model(model: onnx.ModelProto, feeds: dict) -> dict:
+    from onnx.reference import ReferenceEvaluator
+
+    names = [o.name for o in model.graph.output]
+    return dict(zip(names, ReferenceEvaluator(model).run(names, feeds)))
+
+
+COMPILED = {"LSTM": (_lstm_model, ["w__lstm_strips", "b__lstm_bias", "r__lstm_panels"],
+                     ["w2__lstm_strips", "", "r2__lstm_panels"]),
+            "GRU": (_gru_model, ["w__gru_strips", "b__gru_bias_lbr", "r__gru_panels"],
+                    ["w2__gru_strips", "", "r2__gru_panels"])}
+"""Each packed op's two-layer model, and the weights its two layers read past their own inputs."""
+
+
+@pytest.fixture(scope="module", params=sorted(COMPILED))
+def compiled(request, tmp_path_factory, native) -> tuple[str, str]:
+    """(op, path of its two-layer model compiled)."""
+    path = str(tmp_path_factory.mktemp("recurrent") / f"{request.param}.om")
+    omrt.compile(COMPILED[request.param][0](), path, progress=None)
+    return request.param, path
+
+
+def _x() -> np.ndarray:
+    return np.random.default_rng(1).standard_normal((10, 1, 12)).astype(np.float32)
+
+
+def test_a_compiled_recurrence_reads_its_weights_as_packed_and_agrees_untrusted(compiled):
+    op, path = compiled
+    build, first, second = COMPILED[op]
     model = omrt.load(path, trust_kernels=True)
-    grus = [n for n in model.graph.nodes if "GRU" in n.op_type]
-    assert [(n.op_type, n.domain) for n in grus] == [("PackedGRU", "omrt")] * 2
-    assert grus[0].inputs[6:] == ["w__gru_strips", "b__gru_bias_lbr", "r__gru_panels"]
-    assert grus[1].inputs[6:] == ["w2__gru_strips", "", "r2__gru_panels"]
-    x = np.random.default_rng(1).standard_normal((10, 1, 12)).astype(np.float32)
-    want = reference_model(_gru_model(), {"x": x})
-    trusted, plain = model.session(), omrt.load(path).session()
-    for got in (trusted.run({"x": x}), plain.run({"x": x})):
-        assert all(scaled_error(got[k], w) < 1e-5 for k, w in want.items())
-    assert model.native.calls().get("omrt_gru_packed_f32", 0) == (2 if packed.gemm_tile(model.native) > 0 else 0)
+    layers = [n for n in model.graph.nodes if op in n.op_type]
+    assert [(n.op_type, n.domain) for n in layers] == [(f"Packed{op}", "omrt")] * 2
+    own = recurrent.PACKED[op].own_inputs
+    assert layers[0].inputs[own:] == first and layers[1].inputs[own:] == second
+    want = reference_model(build(), {"x": _x()})
+    for got in (model.session().run({"x": _x()}), omrt.load(path).session().run({"x": _x()})):
+        for name, w in want.items():
+            assert scaled_error(got[name], w) < 1e-5, name
+    tile = packed.gemm_tile(model.native) > 0
+    assert model.native.calls().get(LOOPS[op][0], 0) == (2 if tile else 0)
+
+
+def test_swapped_recurrence_weights_are_used_not_what_was_packed_from_them(compiled):
+    _, path = compiled
+    trusted, plain = omrt.load(path, trust_kernels=True).session(), omrt.load(path).session()
     r = np.random.default_rng(3)
     for name in ("w", "b", "r", "w2", "r2"):
         new = (r.standard_normal(plain.model.graph.constants[name].shape) / 3).astype(np.float32)
         trusted.set_weight(name, new)
         plain.set_weight(name, new)
-        got, want = trusted.run({"x": x}), plain.run({"x": x})
+        got, want = trusted.run({"x": _x()}), plain.run({"x": _x()})
         assert all(scaled_error(got[k], want[k]) < 1e-5 for k in want), name
+
+
+@pytest.mark.parametrize("trust", [True, False])
+def test_a_weight_budget_holds_only_the_recurrence_weights_that_are_read(compiled, trust):
+    op, path = compiled
+    model = omrt.load(path, trust_kernels=trust, weight_budget=1 << 20)
+    plan = model.default.stream
+    held = set(plan.resident) | {f.key for f in plan.fills}
+    sources = {"w", "b", "r", "w2", "r2"}
+    derived = {n for n in COMPILED[op][1] + COMPILED[op][2] if n}
+    packed_path = trust and packed.gemm_tile(model.native) > 0
+    assert held & (sources | derived) == (derived if packed_path else sources)
+    got, want = model.session().run({"x": _x()}), omrt.load(path).session().run({"x": _x()})
+    assert all(scaled_error(got[k], want[k]) < 1e-5 for k in want)
