@@ -7,9 +7,9 @@ multiplies the hidden state by R, gate by gate in place, in small scratch arrays
 workspace. LSTM and GRU run their time loops in C (csrc/recurrent.c) when the model has it and
 the layer is their common case.
 
-A compiled model's LSTMs of that case are omrt::PackedLSTM nodes: the compiler stored W^T in
-strips for omrt's own GEMM, the two biases summed, and R in the time loop's panels, so that a run
-projects the inputs with the bias in the tile's registers and never repacks R.
+A compiled model's LSTMs and GRUs of that case are omrt::PackedLSTM and omrt::PackedGRU nodes: the
+compiler stored W^T in strips for omrt's own GEMM, the biases folded, and R in the time loop's
+panels, so that a run projects the inputs with the bias in the tile's registers and never repacks R.
 """
 
 from __future__ import annotations
