@@ -556,7 +556,8 @@ def _derive_weight(graph: Graph, node: Node, op_type: str, suffix: str, derive: 
     as the weight W + `suffix`, once for all the nodes that share W. The node keeps W: without
     the native library it runs as the op it was."""
     bias = node.inputs[2] if len(node.inputs) > 2 else ""
-    _become(graph, node, op_type, [node.inputs[0], node.inputs[1], bias, _derived(graph, node.inputs[1], suffix, derive)])
+    derived = _derived(graph, node.inputs[1], suffix, derive)
+    _become(graph, node, op_type, [node.inputs[0], node.inputs[1], bias, derived])
 
 
 def _derived(graph: Graph, source: str, suffix: str, derive: Callable[[np.ndarray], np.ndarray]) -> str:

@@ -320,7 +320,8 @@ class _Recurrent(Kernel):
         work = carve(workspace, self.specs[0], self.work_spec)[1]
         seq, batch = proj.shape[:2]
         self.native_loop(proj, *arrays, *outputs, work, self.dirs, seq, batch, self.hidden, self.layout,
-                         int(self.backward[0]), *self.loop_flags(), parallel.native_threads(self.flops, slots=self.slots))
+                         int(self.backward[0]), *self.loop_flags(),
+                         parallel.native_threads(self.flops, slots=self.slots))
         return True
 
     def recur(self, inputs: list, outputs: list, proj: np.ndarray, masks: np.ndarray | None,
