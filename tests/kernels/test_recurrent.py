@@ -366,43 +366,51 @@ def test_recurrence_panels_hold_sixty_four_rows_of_r_per_column_and_zeros_past_t
     assert recurrent.pack_recurrence(rng.standard_normal((1, 132, 33)).astype(np.float32)).shape == (1, 3, 33, 64)
 
 
+def _plain(op: str, ins: list, attrs: dict):
+    """The kernel of `op` over the infos of `ins`."""
+    cls = lookup(op, 14)
+    ctx = OpContext(attrs, 14, "t", op, n_outputs=n_out(op))
+    infos = [None if a is None else TensorInfo(a.dtype, a.shape) for a in ins]
+    return cls(ctx, infos, cls.infer(ctx, infos))
+
+
 def test_a_grus_candidate_rows_have_panels_of_their_own_and_rbh_follows_its_folded_bias():
     r = rng.standard_normal((2, 30, 10)).astype(np.float32)
-    panels = recurrent.pack_recurrence(r, 20)
+    panels = recurrent.pack_recurrence(r, (20, 10))
     assert panels.shape == (2, 2, 10, 64)
     np.testing.assert_array_equal(panels[:, 0, :, :20], r[:, :20].transpose(0, 2, 1))
     np.testing.assert_array_equal(panels[:, 1, :, :10], r[:, 20:].transpose(0, 2, 1))
     assert not panels[:, 0, :, 20:].any() and not panels[:, 1, :, 10:].any()
-    b = rng.standard_normal((2, 60)).astype(np.float32)
+    ins = make_inputs("GRU", seq=8, batch=1, hidden=10, dirs=2)
+    b = ins[3]
     for lbr in (False, True):
-        folded = recurrent.fold_gru_bias(b, lbr).reshape(-1)
+        kernel = _plain("GRU", ins, attrs_for("bidirectional", 10, linear_before_reset=int(lbr)))
+        assert kernel.panel_rows() == 128
+        folded = kernel.fold_bias(b)
         rbh = b[:, 50:] * (not lbr)
         np.testing.assert_array_equal(folded[:60].reshape(2, 30), b[:, :30] + np.concatenate([b[:, 30:50], rbh], 1))
         np.testing.assert_array_equal(folded[60:].reshape(2, 10), b[:, 50:])
 
 
 def test_the_projection_reads_every_directions_gates_side_by_side_and_the_biases_summed():
-    w, b = rng.standard_normal((2, 16, 5)).astype(np.float32), rng.standard_normal((2, 32)).astype(np.float32)
+    ins = make_inputs("LSTM", seq=8, batch=1, inp=5, hidden=4, dirs=2)
+    w, b = ins[1], ins[3]
     strips = recurrent.pack_input_weights(w)
     assert strips.shape == (1, 5, 32)
     np.testing.assert_array_equal(strips[0], np.concatenate([w[0], w[1]]).T)
-    np.testing.assert_array_equal(recurrent.fold_bias(b), np.concatenate([b[0, :16] + b[0, 16:],
-                                                                          b[1, :16] + b[1, 16:]]))
+    kernel = _plain("LSTM", ins, attrs_for("bidirectional"))
+    np.testing.assert_array_equal(kernel.fold_bias(b), np.concatenate([b[0, :16] + b[0, 16:], b[1, :16] + b[1, 16:]]))
+    assert [suffix for _, suffix, _ in kernel.packed_weights()] == ["__lstm_strips", "__lstm_bias", "__lstm_panels"]
 
 
 def packed_kernel(op: str, ins: list, attrs: dict, native) -> tuple[recurrent._PackedRecurrence, list]:
     """The packed kernel of `op` over `ins` (its inputs) and the inputs it reads: the op's own,
-    then the weights as the compiler derives them."""
+    then the weights derived as the compiler derives them (the plain kernel's packed_weights)."""
     cls = recurrent.PACKED[op]
     ins = list(ins) + [None] * (cls.own_inputs - len(ins))
-    w, r, b = ins[1:4]
-    lbr = bool(attrs.get("linear_before_reset", 0))
-    if op == "LSTM":
-        bias, panels = None if b is None else recurrent.fold_bias(b), recurrent.pack_recurrence(r)
-    else:
-        bias = None if b is None else recurrent.fold_gru_bias(b, lbr)
-        panels = recurrent.pack_recurrence(r, 2 * r.shape[-1])
-    ins += [recurrent.pack_input_weights(w), bias, panels]
+    plain = recurrent.packable(op, attrs, [None if a is None else TensorInfo(a.dtype, a.shape) for a in ins])
+    assert plain is not None
+    ins += [None if ins[source] is None else derive(ins[source]) for source, _, derive in plain.packed_weights()]
     ctx = OpContext(attrs, 1, "t", f"Packed{op}", n_outputs=n_out(op), native=native)
     infos = [None if a is None else TensorInfo(a.dtype, a.shape) for a in ins]
     return cls(ctx, infos, cls.infer(ctx, infos)), ins
@@ -438,7 +446,6 @@ def test_packed_recurrences_match_the_ops_they_were(native, threads, op, directi
     attrs = attrs_for(direction, hidden, layout=layout, **({"linear_before_reset": int(lbr)} if op == "GRU" else {}))
     present = present[:n_out(op)]
     kernel, packed_ins = packed_kernel(op, ins, attrs, native)
-    assert recurrent.packable(op, attrs, kernel.inputs)
     calls = native.calls()
     got = run_packed(kernel, packed_ins, present)
     tile = packed.gemm_tile(native) > 0
@@ -451,24 +458,29 @@ def test_packed_recurrences_match_the_ops_they_were(native, threads, op, directi
             assert scaled_error(g, n) < 1e-5 and scaled_error(g, w) < 1e-5, (scaled_error(g, n), scaled_error(g, w))
 
 
-@pytest.mark.parametrize("attrs,lens,layout_batch,seq,dtype", [
-    (attrs_for("bidirectional", clip=0.5), None, None, 8, np.float32),
-    (attrs_for("forward", input_forget=1), None, None, 8, np.float32),
-    (attrs_for("forward", activations=["Sigmoid", "Tanh", "Relu"]), None, None, 8, np.float32),
-    (attrs_for("forward"), [8, 8, 8, 8], None, 8, np.float32),
-    (attrs_for("forward", layout=1), None, 4, 8, np.float32),
-    (attrs_for("forward"), None, None, 1, np.float32),
-    (attrs_for("forward"), None, None, 8, np.float64),
+@pytest.mark.parametrize("op,attrs,lens,layout_batch,seq,dtype", [
+    ("LSTM", attrs_for("bidirectional", clip=0.5), None, None, 8, np.float32),
+    ("LSTM", attrs_for("forward", input_forget=1), None, None, 8, np.float32),
+    ("LSTM", attrs_for("forward", activations=["Sigmoid", "Tanh", "Relu"]), None, None, 8, np.float32),
+    ("LSTM", attrs_for("forward"), [8, 8, 8, 8], None, 8, np.float32),
+    ("LSTM", attrs_for("forward", layout=1), None, 4, 8, np.float32),
+    ("LSTM", attrs_for("forward"), None, None, 1, np.float32),
+    ("LSTM", attrs_for("forward"), None, None, 8, np.float64),
+    ("GRU", attrs_for("bidirectional", clip=0.5), None, None, 8, np.float32),
+    ("GRU", attrs_for("forward", activations=["Sigmoid", "Relu"]), None, None, 8, np.float32),
+    ("GRU", attrs_for("reverse"), [8, 8, 8, 8], None, 8, np.float32),
+    ("GRU", attrs_for("forward", layout=1), None, 4, 8, np.float32),
+    ("GRU", attrs_for("forward"), None, None, 8, np.float64),
 ])
-def test_only_lstms_the_c_loop_takes_whole_in_time_order_with_enough_rows_are_packed(attrs, lens, layout_batch,
-                                                                                     seq, dtype):
-    ins = make_inputs("LSTM", seq=seq, batch=layout_batch or 4, dirs=2 if attrs["direction"] == "bidirectional"
-                      else 1, layout=attrs.get("layout", 0), lens=lens, dtype=dtype)
+def test_only_layers_the_c_loop_takes_whole_in_time_order_with_enough_rows_are_packed(op, attrs, lens, layout_batch,
+                                                                                      seq, dtype):
+    ins = make_inputs(op, seq=seq, batch=layout_batch or 4, dirs=2 if attrs["direction"] == "bidirectional" else 1,
+                      layout=attrs.get("layout", 0), lens=lens, dtype=dtype)
     infos = [None if a is None else TensorInfo(a.dtype, a.shape) for a in ins]
-    assert not recurrent.packable("LSTM", attrs, infos)
-    x = TensorInfo(np.float32, (1, 8, 5) if attrs.get("layout") else (8, 4, 5))  # the same LSTM, packable
+    assert recurrent.packable(op, attrs, infos) is None
+    x = TensorInfo(np.float32, (1, 8, 5) if attrs.get("layout") else (8, 4, 5))  # the same layer, packable
     weights = [TensorInfo(np.float32, i.shape) for i in infos[1:4]]
-    assert recurrent.packable("LSTM", attrs_for(attrs["direction"], layout=attrs.get("layout", 0)), [x] + weights)
+    assert recurrent.packable(op, attrs_for(attrs["direction"], layout=attrs.get("layout", 0)), [x] + weights)
 
 
 def _lstm_model(seq: int = 10, inp: int = 12, hidden: int = 9) -> onnx.ModelProto:

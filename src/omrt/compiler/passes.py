@@ -643,27 +643,14 @@ def use_packed_recurrences(graph: Graph) -> Graph:
             continue
         own = recurrent.PACKED[node.op_type].own_inputs
         names = list(node.inputs) + [""] * (own - len(node.inputs))
-        w, r, b = names[1:4]
-        infos = [graph.infos[n] if n else None for n in names]
-        if (w not in graph.constants or r not in graph.constants or (b and b not in graph.constants)
-                or not recurrent.packable(node.op_type, node.attrs, infos)):
+        if any(n and n not in graph.constants for n in names[1:4]):
             continue
-        _become(graph, node, f"Packed{node.op_type}", names + _recurrence_weights(graph, node, w, r, b))
+        kernel = recurrent.packable(node.op_type, node.attrs, [graph.infos[n] if n else None for n in names])
+        if kernel is not None:
+            derived = [_derived(graph, names[source], suffix, derive) if names[source] else ""
+                       for source, suffix, derive in kernel.packed_weights()]
+            _become(graph, node, f"Packed{node.op_type}", names + derived)
     return graph
-
-
-def _recurrence_weights(graph: Graph, node: Node, w: str, r: str, b: str) -> list[str]:
-    """The names of the weights a packed LSTM or GRU reads, derived from W, B (or "") and R."""
-    if node.op_type == "LSTM":
-        bias = _derived(graph, b, "__lstm_bias", recurrent.fold_bias) if b else ""
-        return [_derived(graph, w, "__lstm_strips", recurrent.pack_input_weights), bias,
-                _derived(graph, r, "__lstm_panels", recurrent.pack_recurrence)]
-    lbr = bool(node.attrs.get("linear_before_reset", 0))
-    hidden = graph.constants[r].shape[-1]
-    bias = _derived(graph, b, "__gru_bias_lbr" if lbr else "__gru_bias",
-                    lambda v: recurrent.fold_gru_bias(v, lbr)) if b else ""
-    return [_derived(graph, w, "__gru_strips", recurrent.pack_input_weights), bias,
-            _derived(graph, r, "__gru_panels", lambda v: recurrent.pack_recurrence(v, 2 * hidden))]
 
 
 class _Chain:

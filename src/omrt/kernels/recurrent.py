@@ -233,10 +233,37 @@ class _Recurrent(Kernel):
         """What else the C time loop needs of the layer's attributes."""
         return True
 
+    def panel_groups(self) -> tuple[int, ...]:
+        """R's rows per direction in the C loop's groups of panels, each group rounded up to whole
+        panels: all its gates' rows."""
+        return (self.gates * self.hidden,)
+
     def panel_rows(self) -> int:
-        """Rows of R's panels per direction in the C loop: its gates' rows, rounded up to whole
-        panels."""
-        return -(-self.gates * self.hidden // PANEL) * PANEL
+        """Rows of R's panels per direction in the C loop."""
+        return sum(-(-rows // PANEL) * PANEL for rows in self.panel_groups())
+
+    def fold_bias(self, b: np.ndarray) -> np.ndarray:
+        """B as the packed projection's bias: what add_input_bias adds to each direction's gates,
+        the directions side by side; then what the C loop reads of B itself (loop_bias)."""
+        folded = np.zeros((self.dirs, self.gates * self.hidden), b.dtype)
+        for d in range(self.dirs):
+            self.add_input_bias(b[d], folded[d])
+        return np.concatenate([folded.reshape(-1), self.loop_bias(b)])
+
+    def loop_bias(self, b: np.ndarray) -> np.ndarray:
+        """The part of B the C loop reads, every direction's (stored after the folded bias)."""
+        return np.zeros(0, b.dtype)
+
+    def packed_weights(self) -> list[tuple[int, str, Callable[[np.ndarray], np.ndarray]]]:
+        """How the packed op's three weights derive from its inputs, in its input order: (source
+        input, suffix of the source's name, derive)."""
+        op = self.ctx.op_type.lower()
+        return [(1, f"__{op}_strips", pack_input_weights), (3, f"__{op}_bias{self.bias_tag()}", self.fold_bias),
+                (2, f"__{op}_panels", lambda r: pack_recurrence(r, self.panel_groups()))]
+
+    def bias_tag(self) -> str:
+        """What tells this op's folded bias from another fold of the same B."""
+        return ""
 
     def loop_arrays(self, inputs: list) -> tuple:
         """The inputs the C loop reads besides the projection, in its arguments' order."""
@@ -390,10 +417,18 @@ class GRU(_Recurrent):
     native_units = ("recurrent", "linalg")
     native_function = NATIVE_GRU
 
-    def panel_rows(self):
-        """The update and reset rows, then the candidate rows, each rounded up to whole panels:
-        without linear_before_reset the candidate's product waits for the reset gate."""
-        return -(-2 * self.hidden // PANEL) * PANEL + -(-self.hidden // PANEL) * PANEL
+    def panel_groups(self):
+        """The update and reset rows, then the candidate rows: without linear_before_reset the
+        candidate's product waits for the reset gate."""
+        return 2 * self.hidden, self.hidden
+
+    def loop_bias(self, b):
+        """Rbh, which the C loop adds to R_h h with linear_before_reset (add_input_bias leaves it
+        out of the projection then)."""
+        return b[:, 5 * self.hidden:].reshape(-1)
+
+    def bias_tag(self):
+        return "_lbr" if self.ctx.attr("linear_before_reset", 0) else ""
 
     def loop_arrays(self, inputs):
         b = inputs[3]
@@ -401,7 +436,7 @@ class GRU(_Recurrent):
 
     def loop_flags(self, packed=False):
         """linear_before_reset, and how far apart each direction's Rbh is: in B, or after the
-        folded bias (fold_gru_bias)."""
+        folded bias (fold_bias)."""
         return int(bool(self.ctx.attr("linear_before_reset", 0))), self.hidden if packed else 6 * self.hidden
 
     def add_input_bias(self, b, proj):
@@ -507,23 +542,6 @@ def pack_input_weights(w: np.ndarray) -> np.ndarray:
     return packed.pack_strips(np.ascontiguousarray(w.reshape(-1, w.shape[-1]).T))
 
 
-def fold_bias(b: np.ndarray) -> np.ndarray:
-    """An LSTM's B (dirs, 8h) as the projection's bias (dirs * 4h): Wb + Rb of every direction."""
-    half = b.shape[-1] // 2
-    return (b[:, :half] + b[:, half:]).reshape(-1)
-
-
-def fold_gru_bias(b: np.ndarray, lbr: bool) -> np.ndarray:
-    """A GRU's B (dirs, 6h) as the projection's bias (dirs * 3h: Wb + Rb of every direction, but
-    for Rbh with linear_before_reset, which the reset gate scales), then every direction's Rbh
-    (dirs * h), which the time loop reads with linear_before_reset."""
-    h = b.shape[-1] // 6
-    rb = b[:, 3 * h:].copy()
-    if lbr:
-        rb[:, 2 * h:] = 0
-    return np.concatenate([(b[:, :3 * h] + rb).reshape(-1), b[:, 5 * h:].reshape(-1)])
-
-
 def _panels(r: np.ndarray) -> np.ndarray:
     """R's rows (dirs, rows, h) in panels (dirs, ceil(rows / PANEL), h, PANEL), zero past the last."""
     dirs, rows, hidden = r.shape
@@ -532,34 +550,35 @@ def _panels(r: np.ndarray) -> np.ndarray:
     return padded.reshape(dirs, -1, PANEL, hidden).transpose(0, 1, 3, 2)
 
 
-def pack_recurrence(r: np.ndarray, first: int | None = None) -> np.ndarray:
+def pack_recurrence(r: np.ndarray, groups: Sequence[int] | None = None) -> np.ndarray:
     """R (dirs, G, h) as the C time loop's panels (dirs, panels, h, PANEL): element [d, p, k, l] is
-    R[d, PANEL p + l, k], zero past the last row; with `first` (a GRU's update and reset rows, 2h)
-    those rows and the rest each in panels of their own."""
-    first = r.shape[1] if first is None else first
-    groups = [r[:, :first]] + ([r[:, first:]] if first < r.shape[1] else [])
-    return np.ascontiguousarray(np.concatenate([_panels(g) for g in groups], axis=1))
+    R[d, PANEL p + l, k], zero past the last row; with `groups` (row counts: a GRU's update and
+    reset rows, then its candidate rows) each group in panels of its own."""
+    bounds = np.cumsum([0, *(groups or (r.shape[1],))])
+    return np.ascontiguousarray(np.concatenate([_panels(r[:, a:b]) for a, b in zip(bounds, bounds[1:])], axis=1))
 
 
-def packable(op_type: str, attrs: dict, inputs: Sequence[TensorInfo | None]) -> bool:
-    """Whether an LSTM or GRU (`op_type`) over these inputs (X, W, R, B, sequence_lens, ... as
-    infos) can run packed (PackedLSTM, PackedGRU): the C time loop's case, every sequence full
-    length (no sequence_lens), X's rows one matrix in time order (layout 0, or a batch of one),
-    and enough of them for the GEMM's panels."""
+def packable(op_type: str, attrs: dict, inputs: Sequence[TensorInfo | None]) -> "_Recurrent | None":
+    """The LSTM or GRU kernel (`op_type`) over these inputs (X, W, R, B, sequence_lens, ... as
+    infos) when it can run packed (PackedLSTM, PackedGRU), else None: the C time loop's case,
+    every sequence full length (no sequence_lens), X's rows one matrix in time order (layout 0,
+    or a batch of one), and enough of them for the GEMM's panels. Its packed_weights say how
+    the packed weights derive."""
     x = inputs[0]
     if (len(inputs) > 4 and inputs[4] is not None) or x is None or not x.static or x.rank != 3:
-        return False
+        return None
     cls = {"LSTM": LSTM, "GRU": GRU}[op_type]
     ctx = OpContext(attrs, 14, "packable", op_type, n_outputs=1 + cls.states)
     kernel = cls(ctx, inputs, cls.infer(ctx, inputs))
     seq, batch = kernel.specs[0][0][:2]
-    return kernel.native_case and (not kernel.layout or batch == 1) and seq * batch >= packed.MIN_ROWS
+    fits = kernel.native_case and (not kernel.layout or batch == 1) and seq * batch >= packed.MIN_ROWS
+    return kernel if fits else None
 
 
 class _PackedRecurrence:
-    """An LSTM or GRU (its own inputs, absent ones "") followed by weights the compiler derived:
-    pack_input_weights(W), its folded bias (or "" without B) and pack_recurrence(R), in the case
-    `packable` takes. The projection runs on omrt's GEMM over W's strips with the bias in its
+    """An LSTM or GRU (its own inputs, absent ones "") followed by the weights the compiler derived
+    (the op's packed_weights): pack_input_weights(W), its fold_bias(B) (or "" without B) and
+    pack_recurrence(R), in the case `packable` takes. The projection runs on omrt's GEMM over W's strips with the bias in its
     epilogue, the time loop over R's panels. Without the native library (or its vector tile) it
     runs as the op it was."""
 
@@ -619,8 +638,7 @@ class _PackedRecurrence:
 
 @register("PackedLSTM", since=1, domain="omrt")
 class PackedLSTM(_PackedRecurrence, LSTM):
-    """An LSTM's eight inputs, then pack_input_weights(W), fold_bias(B) and pack_recurrence(R)
-    (see _PackedRecurrence)."""
+    """An LSTM's eight inputs, then its three packed weights (see _PackedRecurrence)."""
 
     own_inputs = 8
     derived = ((8, 1), (9, 3), (10, 2))
@@ -632,8 +650,7 @@ class PackedLSTM(_PackedRecurrence, LSTM):
 
 @register("PackedGRU", since=1, domain="omrt")
 class PackedGRU(_PackedRecurrence, GRU):
-    """A GRU's six inputs, then pack_input_weights(W), fold_gru_bias(B, linear_before_reset) and
-    pack_recurrence(R, 2h) (see _PackedRecurrence)."""
+    """A GRU's six inputs, then its three packed weights (see _PackedRecurrence)."""
 
     own_inputs = 6
     derived = ((6, 1), (7, 3), (8, 2))

@@ -198,8 +198,8 @@ static OMRT_HOT void lstm_part(void *p, int64_t item, int64_t thread) {
 static OMRT_HOT void gru_part(void *p, int64_t item, int64_t thread) {
     const rnn_job *j = p;
     (void)thread;
-    const int64_t H = j->hidden, B = j->batch, G = 3 * H, Gzr = panel_rows(2 * H), Gh = panel_rows(H),
-                  Gp = Gzr + Gh, dirs = j->dirs;
+    const int64_t H = j->hidden, B = j->batch, G = 3 * H, Gzr = panel_rows(j->first), Gp = panels_rows(j),
+                  Gh = Gp - Gzr, dirs = j->dirs;
     int64_t d, lo, hi;
     slice_of(j, item, &d, &lo, &hi);
     float *h = j->work + d * B * (2 * H + Gp), *rh = h + B * H, *gates = rh + B * H;
