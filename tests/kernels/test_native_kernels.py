@@ -185,12 +185,13 @@ def test_wide_max_pools_keep_each_nan_and_take_infinities_as_values(native, band
 
 @pytest.mark.parametrize("threads", [1, 2], indirect=True)
 @SETTINGS
-@given(st.integers(40, 100), st.sampled_from([(1, 1), (2, 1), (3, 1), (2, 2)]), st.integers(1, 4),
-       st.integers(1, 3), st.integers(1, 2), st.data())
-def test_wide_max_pools_at_stride_two_match_reference(native, threads, width, across, kh, sh, dh, data):
-    """Rows 48 to 95 wide at stride 2 along them (the vector path on AVX-512 CPUs: whole vectors,
-    a masked last one, the left padding read as -inf), and a few on either side: the values, the
-    NaNs a few windows read and the infinities others hold, as numpy's."""
+@given(st.integers(16, 130), st.sampled_from([1, 2]), st.sampled_from([(1, 1), (2, 1), (3, 1), (2, 2)]),
+       st.integers(1, 4), st.integers(1, 3), st.integers(1, 2), st.data())
+def test_wide_max_pools_match_reference(native, threads, width, sw, across, kh, sh, dh, data):
+    """Rows 16 to 130 wide at stride 2 along them, from VECTOR_ROW_WIDTH on the vector path on
+    AVX-512 CPUs, and at stride 1, from ROW_PATH_WIDTH on it (whole vectors of column maxima, a
+    last one filled out with -inf, the left padding read as -inf): the values, the NaNs a few
+    windows read and the infinities others hold, as numpy's."""
     kw, dw = across
     pads = [data.draw(st.integers(0, k - 1)) for k in (kh, kw, kh, kw)]
     x = randn(1, 3, data.draw(st.integers((kh - 1) * dh + 1, 9)), width)
@@ -198,11 +199,21 @@ def test_wide_max_pools_at_stride_two_match_reference(native, threads, width, ac
     for value in (np.nan, np.inf, -np.inf):
         for plane, row, column in data.draw(st.lists(spots, max_size=2)):
             x[0, plane, row, column] = value
-    attrs = {"kernel_shape": [kh, kw], "strides": [sh, 2], "pads": pads, "dilations": [dh, dw],
+    attrs = {"kernel_shape": [kh, kw], "strides": [sh, sw], "pads": pads, "dilations": [dh, dw],
              "ceil_mode": int(data.draw(st.booleans()))}
     kernel = _kernel("MaxPool", x, None, attrs, native)
     assert kernel.native_pool is not None
-    assert kernel.vector_rows == (pool.VECTOR_ROW_WIDTH <= width < pool.ROW_PATH_WIDTH)
+    assert kernel.vector_rows == (width >= (pool.VECTOR_ROW_WIDTH if sw == 2 else pool.ROW_PATH_WIDTH))
+    agree("MaxPool", [x], attrs, native)
+
+
+def test_rows_wider_than_the_vector_path_takes_pool_plane_by_plane(native):
+    """Output rows past VECTOR_MAX_OUT (the C loop keeps a row's column maxima on its stack) take
+    the row path, whose values agree too."""
+    x = randn(1, 2, 4, 2 * pool.VECTOR_MAX_OUT + 5)
+    attrs = {"kernel_shape": [3, 3], "strides": [1, 2]}
+    assert not _kernel("MaxPool", x, None, attrs, native).vector_rows
+    assert _kernel("MaxPool", x[..., :2 * pool.VECTOR_MAX_OUT], None, attrs, native).vector_rows
     agree("MaxPool", [x], attrs, native)
 
 

@@ -39,19 +39,34 @@ vectors, and a band of them would hold few rows (3x3 max pools at stride 2 over 
 112-wide planes ran 1.09-1.38x slower in bands, 56-wide ones 0.91x, 28-wide ones 0.52x; 80-wide
 planes ran 1.1-1.3x slower in bands at stride 2, 0.94x at stride 1, so the line stays here)."""
 
-VECTOR_ROW_WIDTH = 48
-"""Max pools at stride 2 along rows at least this wide, and narrower than ROW_PATH_WIDTH, take
-the native loop's vector path where the CPU has AVX-512 (csrc/pool.c, vector_part: each row's
-column maxima in registers, the taps picked by permutes), when their windows' taps fall at
-columns 0 to 2 of their start. On 3x3 windows over 55- and 56-wide planes it took 0.65-0.9 of
-the band path's time in models, 2x2 ones over 56-wide planes 0.70; planes 20 to 40 wide
-0.97-1.10, 14-wide ones 1.5 of the 16-planes path's, stride 1 1.4-1.7. The 111- and 112-wide
-planes right after a model's stem, whose pools wait on memory, took 0.64-1.5 of the row path's
-time from run to run, so they keep the row path."""
+VECTOR_ROW_WIDTH = 24
+"""Max pools at stride 2 along rows at least this wide take the native loop's vector path where
+the CPU has AVX-512 (csrc/pool.c, vector_part: each row's column maxima over its window's rows in
+a buffer, the taps along the row picked from it by permutes), when their windows' taps fall at
+columns 0 to 2 of their start; so do stride-1 max pools over rows ROW_PATH_WIDTH or wider. Alone
+(hot in cache), 3x3 windows at stride 2 took 0.53 of the row path's time over 111-wide planes,
+0.50 over 112-wide ones, 0.68 of the band path's over 55-wide ones, 0.76 of the 16-planes path's
+over 27-wide ones; 24-wide ones the same time, 14-wide ones 1.5x the 16-planes path's. At stride 1
+they took 0.88 of the row path's over 112-wide planes, but 1.3-1.4x the band path's over 28- and
+56-wide ones."""
+
+VECTOR_MAX_OUT = 1024
+"""Output rows the vector path takes at most: the C loop keeps a row's column maxima on its stack."""
 
 SPLIT_BYTES = 1 << 24
 """Pools that read at least this many bytes (input size times the taps per dim) spread their
 plane blocks over omrt's threads; smaller ones cost less than a handoff."""
+
+
+def _vector_rows(win: Window) -> bool:
+    """Whether a max pool with this window asks the native loop for its vector path (see
+    VECTOR_ROW_WIDTH)."""
+    (_, kw), (_, sw), (_, dw), width = win.kernel, win.strides, win.dilations, win.size[1]
+    if win.out[1] > VECTOR_MAX_OUT:
+        return False
+    if sw == 2:
+        return (kw - 1) * dw <= 2 and width >= VECTOR_ROW_WIDTH
+    return sw == 1 and width >= ROW_PATH_WIDTH
 
 
 def pool_plane_floats(win: Window, rows: int) -> int:
@@ -169,9 +184,7 @@ class _WindowPool(Kernel):
         self.native_pool = ctx.native.get(POOL2D) if ctx.native is not None and native_2d else None
         self.lanes = int(self.native_pool is not None and w.out[1] < NARROW_ROW)
         """Whether the native loop is asked to pool 16 planes at a time (1) or plane by plane (0)."""
-        self.vector_rows = (self.native_pool is not None and w.strides[1] == 2
-                            and (w.kernel[1] - 1) * w.dilations[1] <= 2
-                            and VECTOR_ROW_WIDTH <= w.size[1] < ROW_PATH_WIDTH)
+        self.vector_rows = self.native_pool is not None and _vector_rows(w)
         """Whether a max pool asks the native loop for its vector path (see VECTOR_ROW_WIDTH)."""
         self.window_args = (*w.size, *w.out, *w.kernel, *w.strides, *w.dilations, *w.begin)
         whole = w.kernel == w.size and not any(w.begin) and not any(w.end) and set(w.dilations) == {1}

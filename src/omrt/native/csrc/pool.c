@@ -261,72 +261,105 @@ OMRT_AVX512 static void lanes_part(void *p, int64_t item, int64_t thread) {
     omrt_lanes_scatter_avx512(out, (o1 - o0) * j->OW, dst, lanes);
 }
 
-/* Whether a max pool can take the vector path (vector_part): stride 2 along rows, with the taps
- * of a window at columns 0, 1 or 2 of its start (windows 3 or 2 wide, undilated; 2 wide dilated
- * by 2; 1 wide). Which pools ask for it: omrt.kernels.pool.VECTOR_ROW_WIDTH. */
+/* Output columns the vector path takes in a row at most: the column maxima of the row's windows
+ * (VECTOR_COLS floats) are kept on the thread's stack. */
+#define VECTOR_MAX_OUT 1024
+#define VECTOR_COLS (2 * VECTOR_MAX_OUT + 3 * OMRT_LANES)
+
+/* Columns [0, n) of the column buffer a row of the vector path reads: up to the last vector of
+ * outputs' furthest tap (stride 2: its even and odd lanes, and the lane after them). */
+static inline int64_t vector_cols(const pool_job *j) {
+    const int64_t vectors = (j->OW + OMRT_LANES - 1) / OMRT_LANES * OMRT_LANES;
+    return j->SW == 2 ? 2 * vectors + OMRT_LANES : vectors + (j->KW - 1) * j->DW;
+}
+
+/* Whether a max pool can take the vector path (vector_part): stride 1 along rows, or stride 2
+ * with the taps of a window at columns 0, 1 or 2 of its start (windows 3 or 2 wide, undilated; 2
+ * wide dilated by 2; 1 wide), and rows whose column maxima fit VECTOR_COLS. Which pools ask for
+ * it: omrt.kernels.pool (vector_rows). */
 static inline int vector_path(const pool_job *j) {
-    return j->is_max && j->SW == 2 && (j->KW - 1) * j->DW <= 2;
+    const int strided = j->SW == 2 && (j->KW - 1) * j->DW <= 2;
+    return j->is_max && (j->SW == 1 || strided) && j->OW <= VECTOR_MAX_OUT &&
+           j->PL + vector_cols(j) + OMRT_LANES <= VECTOR_COLS;
 }
 
-/* The max over TAPS input rows (`step` apart from src) of columns [c, c + 16) of rows W wide,
- * -inf outside [0, W); the lanes where a value read is a NaN (which the max drops) are added to
- * `nan`: one compare per pair of rows. */
-OMRT_AVX512 static OMRT_INLINE __m512 column_max(const float *src, int64_t c, int64_t W, int64_t TAPS, int64_t step,
-                                                __mmask16 *nan) {
-    const __mmask16 in = c >= 0 && c + OMRT_LANES <= W ? (__mmask16)0xffff : omrt_lane_mask(-c, W - c);
+/* col[i] = the max over TAPS input rows (`step` apart from src) of column i, for i < n, and -inf
+ * up to the next multiple of 16: whole vectors are stored, since a load waits for a masked store
+ * before it to retire where it would take an unmasked one's value at once. Nonzero when a value
+ * read is a NaN (which the max drops): one compare per pair of rows. TAPS is a constant at the
+ * common call sites (column_maxima), so that the loop over it unrolls. */
+OMRT_AVX512 static OMRT_INLINE int column_maxima_fixed(const float *src, int64_t n, int64_t TAPS, int64_t step,
+                                                       float *col) {
     const __m512 fill = _mm512_set1_ps(-INFINITY);
-    __m512 acc = fill;
-    for (int64_t t = 0; t < TAPS; t += 2) {
-        const __m512 a = _mm512_mask_loadu_ps(fill, in, src + t * step + c);
-        const __m512 b = t + 1 < TAPS ? _mm512_mask_loadu_ps(fill, in, src + (t + 1) * step + c) : a;
-        *nan |= _mm512_cmp_ps_mask(a, b, _CMP_UNORD_Q);
-        acc = t ? _mm512_max_ps(acc, _mm512_max_ps(a, b)) : _mm512_max_ps(a, b);
-    }
-    return acc;
-}
-
-/* Output row yr of a max pool whose windows read TAPS input rows from src: vectors of 16 outputs,
- * their columns' maxima over the rows kept in registers, the taps along the row picked from them:
- * the even and odd lanes of two vectors, and the even ones one further on. Nonzero when a value
- * read is a NaN. TAPS, KW and DW are constants at the common call sites (vector_row), so that the
- * loops over them unroll. */
-OMRT_AVX512 static OMRT_INLINE int vector_row_fixed(const pool_job *j, const float *src, float *yr, int64_t TAPS,
-                                                    int64_t KW, int64_t DW) {
-    const int64_t W = j->W, OW = j->OW, PL = j->PL, step = j->DH * W;
-    const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
-    const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
     __mmask16 nan = 0;
-    __m512 lo = column_max(src, -PL, W, TAPS, step, &nan);
-    for (int64_t o = 0; o < OW; o += OMRT_LANES) {
-        const int64_t c = 2 * o - PL;
-        const __m512 hi = column_max(src, c + OMRT_LANES, W, TAPS, step, &nan);
-        const __m512 next = column_max(src, c + 2 * OMRT_LANES, W, TAPS, step, &nan);
-        const __m512 first = _mm512_permutex2var_ps(lo, even, hi); /* columns c, c + 2, ... */
-        __m512 acc = first;
-        for (int64_t kw = 1; kw < KW; kw++) /* columns c + 1, c + 3, ... or c + 2, c + 4, ... */
-            acc = _mm512_max_ps(acc, kw * DW == 1 ? _mm512_permutex2var_ps(lo, odd, hi)
-                                                  : _mm512_castsi512_ps(_mm512_alignr_epi32(
-                                                        _mm512_castps_si512(next), _mm512_castps_si512(first), 1)));
-        _mm512_mask_storeu_ps(yr + o, omrt_lane_mask(0, OW - o), acc);
-        lo = next;
+    for (int64_t i = 0; i < n; i += OMRT_LANES) {
+        const __mmask16 in = n - i >= OMRT_LANES ? (__mmask16)0xffff : omrt_lane_mask(0, n - i);
+        __m512 acc = fill;
+        for (int64_t t = 0; t < TAPS; t += 2) {
+            const __m512 a = _mm512_mask_loadu_ps(fill, in, src + t * step + i);
+            const __m512 b = t + 1 < TAPS ? _mm512_mask_loadu_ps(fill, in, src + (t + 1) * step + i) : a;
+            nan |= _mm512_cmp_ps_mask(a, b, _CMP_UNORD_Q);
+            acc = _mm512_max_ps(acc, _mm512_max_ps(a, b));
+        }
+        _mm512_storeu_ps(col + i, acc);
     }
     return nan != 0;
 }
 
-/* vector_row_fixed, unrolled for the windows most pools have, 3x3 and 2x2 (rows whose window
- * reaches into the padding read fewer rows and take the loops). */
-OMRT_AVX512 static int vector_row(const pool_job *j, const float *src, int64_t taps, float *yr) {
-    const int64_t KW = j->KW, DW = j->DW;
-    if (DW == 1 && taps == 3 && KW == 3) return vector_row_fixed(j, src, yr, 3, 3, 1);
-    if (DW == 1 && taps == 2 && KW == 2) return vector_row_fixed(j, src, yr, 2, 2, 1);
-    return vector_row_fixed(j, src, yr, taps, KW, DW);
+OMRT_AVX512 static int column_maxima(const float *src, int64_t n, int64_t taps, int64_t step, float *col) {
+    if (taps == 3) return column_maxima_fixed(src, n, 3, step, col);
+    if (taps == 2) return column_maxima_fixed(src, n, 2, step, col);
+    return column_maxima_fixed(src, n, taps, step, col);
 }
 
-/* Planes part `item` of a max pool of the vector path (vector_path), with AVX-512: row by row
- * (vector_row); the windows of a row whose input rows hold a NaN get it (nan_windows). */
+/* yr[o] = the max over the window's taps of col[o * SW + kw * DW], for o < OW (col 64-byte
+ * aligned, read up to vector_cols). At stride 2 the taps are picked from two vectors of column
+ * maxima: their even lanes, their odd ones, and the even ones one further on. SW, KW and DW are
+ * constants at the common call sites (row_maxima), so that the loop over the taps unrolls. */
+OMRT_AVX512 static OMRT_INLINE void row_maxima_fixed(const float *col, float *yr, int64_t OW, int64_t SW, int64_t KW,
+                                                     int64_t DW) {
+    const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
+    __m512 lo = _mm512_load_ps(col);
+    for (int64_t o = 0; o < OW; o += OMRT_LANES) {
+        const __mmask16 out = OW - o >= OMRT_LANES ? (__mmask16)0xffff : omrt_lane_mask(0, OW - o);
+        __m512 acc;
+        if (SW == 1) {
+            acc = _mm512_loadu_ps(col + o);
+            for (int64_t kw = 1; kw < KW; kw++) acc = _mm512_max_ps(acc, _mm512_loadu_ps(col + o + kw * DW));
+        } else {
+            const __m512 hi = _mm512_load_ps(col + 2 * o + OMRT_LANES);
+            const __m512 next = _mm512_load_ps(col + 2 * o + 2 * OMRT_LANES);
+            const __m512 first = _mm512_permutex2var_ps(lo, even, hi); /* columns 2o, 2o + 2, ... */
+            acc = first;
+            for (int64_t kw = 1; kw < KW; kw++) /* columns 2o + 1, 2o + 3, ... or 2o + 2, 2o + 4, ... */
+                acc = _mm512_max_ps(acc, kw * DW == 1 ? _mm512_permutex2var_ps(lo, odd, hi)
+                                                      : _mm512_castsi512_ps(_mm512_alignr_epi32(
+                                                            _mm512_castps_si512(next), _mm512_castps_si512(first), 1)));
+            lo = next;
+        }
+        _mm512_mask_storeu_ps(yr + o, out, acc);
+    }
+}
+
+OMRT_AVX512 static void row_maxima(const pool_job *j, const float *col, float *yr) {
+    const int64_t SW = j->SW, KW = j->KW, DW = j->DW, OW = j->OW;
+    if (SW == 2 && KW == 3 && DW == 1) row_maxima_fixed(col, yr, OW, 2, 3, 1);
+    else if (SW == 2 && KW == 2 && DW == 1) row_maxima_fixed(col, yr, OW, 2, 2, 1);
+    else if (SW == 1 && KW == 3 && DW == 1) row_maxima_fixed(col, yr, OW, 1, 3, 1);
+    else row_maxima_fixed(col, yr, OW, SW, KW, DW);
+}
+
+/* Planes part `item` of a max pool of the vector path (vector_path), with AVX-512, row by row:
+ * the maxima of each column over the rows a window reads (column_maxima) into a buffer on the
+ * stack, -inf where that is padding, then the windows along the row from them (row_maxima). The
+ * windows of a row whose input rows hold a NaN get it (nan_windows). */
 OMRT_AVX512 static void vector_part(void *p, int64_t item, int64_t thread) {
     const pool_job *j = p;
     (void)thread;
+    float col[VECTOR_COLS] __attribute__((aligned(64)));
+    const int64_t n = vector_cols(j), inside = j->W < n - j->PL ? j->W : n - j->PL;
+    for (int64_t i = 0; i < n; i++) col[i] = -INFINITY;
     int64_t lo[j->KW], hi[j->KW];
     for (int64_t kw = 0; kw < j->KW; kw++) omrt_span(kw * j->DW - j->PL, j->W, j->SW, j->OW, &lo[kw], &hi[kw]);
     for (int64_t p = omrt_part(j->planes, j->parts, item); p < omrt_part(j->planes, j->parts, item + 1); p++) {
@@ -338,7 +371,9 @@ OMRT_AVX512 static void vector_part(void *p, int64_t item, int64_t thread) {
                 const int64_t ih = oh * j->SH + kh * j->DH - j->PT;
                 if (ih >= 0 && ih < j->H) first = taps++ ? first : ih;
             }
-            if (vector_row(j, xp + first * j->W, taps, yp + oh * j->OW))
+            const int nan = column_maxima(xp + first * j->W, inside, taps, j->DH * j->W, col + j->PL);
+            row_maxima(j, col, yp + oh * j->OW);
+            if (nan)
                 nan_windows(yp + oh * j->OW, xp, lo, hi, oh, j->H, j->W, j->KH, j->KW, j->SH, j->SW, j->DH, j->DW,
                             j->PT, j->PL);
         }
@@ -426,8 +461,8 @@ static OMRT_HOT void pool_part(void *p, int64_t item, int64_t thread) {
 
 /* y[p] = pool of x[p] for each of the `planes` planes, split over `threads` threads, on the path
  * asked for where the CPU has AVX-512 (elsewhere `path` is ignored). With `path` 2, a max pool
- * whose geometry allows (vector_path) goes row by row with each row's column maxima in registers
- * (vector_part). With `path` 1, planes go 16 at a time in bands of output rows
+ * whose geometry allows (vector_path) goes row by row, each row's column maxima over its window's
+ * rows first (vector_part). With `path` 1, planes go 16 at a time in bands of output rows
  * (lanes_part), the widest whose pool_lanes_floats `pitch` holds. Otherwise, or where `pitch`
  * does not hold one row of those, planes pool in bands of output rows, each in a few flat passes
  * over a padded copy (pool_plane), the widest band whose pool_plane_floats `pitch` holds; where
