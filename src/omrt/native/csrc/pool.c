@@ -283,26 +283,42 @@ static inline int vector_path(const pool_job *j) {
            j->PL + vector_cols(j) + OMRT_LANES <= VECTOR_COLS;
 }
 
+/* The max over TAPS input rows (`step` apart from src) of 16 columns, the lanes outside `in`
+ * -inf when `masked`; the lanes where a value read is a NaN (which the max drops) are added to
+ * `nan`: one compare per pair of rows. */
+OMRT_AVX512 static OMRT_INLINE __m512 column_vector(const float *src, int64_t TAPS, int64_t step, int masked,
+                                                   __mmask16 in, __mmask16 *nan) {
+    const __m512 fill = _mm512_set1_ps(-INFINITY);
+    __m512 acc = fill;
+    for (int64_t t = 0; t < TAPS; t += 2) {
+        const __m512 a = masked ? _mm512_mask_loadu_ps(fill, in, src + t * step) : _mm512_loadu_ps(src + t * step);
+        __m512 m = a;
+        if (t + 1 < TAPS) {
+            const __m512 b = masked ? _mm512_mask_loadu_ps(fill, in, src + (t + 1) * step)
+                                    : _mm512_loadu_ps(src + (t + 1) * step);
+            *nan |= _mm512_cmp_ps_mask(a, b, _CMP_UNORD_Q);
+            m = _mm512_max_ps(a, b);
+        } else {
+            *nan |= _mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q);
+        }
+        acc = t ? _mm512_max_ps(acc, m) : m;
+    }
+    return acc;
+}
+
 /* col[i] = the max over TAPS input rows (`step` apart from src) of column i, for i < n, and -inf
  * up to the next multiple of 16: whole vectors are stored, since a load waits for a masked store
  * before it to retire where it would take an unmasked one's value at once. Nonzero when a value
- * read is a NaN (which the max drops): one compare per pair of rows. TAPS is a constant at the
- * common call sites (column_maxima), so that the loop over it unrolls. */
+ * read is a NaN. TAPS is a constant at the common call sites (column_maxima), so that the loop
+ * over it unrolls. */
 OMRT_AVX512 static OMRT_INLINE int column_maxima_fixed(const float *src, int64_t n, int64_t TAPS, int64_t step,
                                                        float *col) {
-    const __m512 fill = _mm512_set1_ps(-INFINITY);
     __mmask16 nan = 0;
-    for (int64_t i = 0; i < n; i += OMRT_LANES) {
-        const __mmask16 in = n - i >= OMRT_LANES ? (__mmask16)0xffff : omrt_lane_mask(0, n - i);
-        __m512 acc = fill;
-        for (int64_t t = 0; t < TAPS; t += 2) {
-            const __m512 a = _mm512_mask_loadu_ps(fill, in, src + t * step + i);
-            const __m512 b = t + 1 < TAPS ? _mm512_mask_loadu_ps(fill, in, src + (t + 1) * step + i) : a;
-            nan |= _mm512_cmp_ps_mask(a, b, _CMP_UNORD_Q);
-            acc = _mm512_max_ps(acc, _mm512_max_ps(a, b));
-        }
-        _mm512_storeu_ps(col + i, acc);
-    }
+    int64_t i = 0;
+    for (; i + OMRT_LANES <= n; i += OMRT_LANES)
+        _mm512_storeu_ps(col + i, column_vector(src + i, TAPS, step, 0, 0xffff, &nan));
+    if (i < n)
+        _mm512_storeu_ps(col + i, column_vector(src + i, TAPS, step, 1, omrt_lane_mask(0, n - i), &nan));
     return nan != 0;
 }
 
