@@ -189,9 +189,9 @@ def test_wide_max_pools_keep_each_nan_and_take_infinities_as_values(native, band
        st.integers(1, 4), st.integers(1, 3), st.integers(1, 2), st.data())
 def test_wide_max_pools_match_reference(native, threads, width, sw, across, kh, sh, dh, data):
     """Rows 16 to 130 wide at stride 2 along them, from VECTOR_ROW_WIDTH on the vector path on
-    AVX-512 CPUs, and at stride 1, from ROW_PATH_WIDTH on it (whole vectors of column maxima, a
-    last one filled out with -inf, the left padding read as -inf): the values, the NaNs a few
-    windows read and the infinities others hold, as numpy's."""
+    AVX-512 CPUs, and at stride 1, from VECTOR_ROW_WIDTH_STRIDE_1 on it (whole vectors of column
+    maxima, a last one filled out with -inf, the left padding read as -inf): the values, the NaNs
+    a few windows read and the infinities others hold, as numpy's."""
     kw, dw = across
     pads = [data.draw(st.integers(0, k - 1)) for k in (kh, kw, kh, kw)]
     x = randn(1, 3, data.draw(st.integers((kh - 1) * dh + 1, 9)), width)
@@ -203,11 +203,12 @@ def test_wide_max_pools_match_reference(native, threads, width, sw, across, kh, 
              "ceil_mode": int(data.draw(st.booleans()))}
     kernel = _kernel("MaxPool", x, None, attrs, native)
     assert kernel.native_pool is not None
-    assert kernel.vector_rows == (width >= (pool.VECTOR_ROW_WIDTH if sw == 2 else pool.ROW_PATH_WIDTH))
+    least = pool.VECTOR_ROW_WIDTH if sw == 2 else pool.VECTOR_ROW_WIDTH_STRIDE_1
+    assert kernel.vector_rows == (width >= least)
     agree("MaxPool", [x], attrs, native)
 
 
-def test_rows_wider_than_the_vector_path_takes_pool_plane_by_plane(native):
+def test_rows_wider_than_the_vector_path_takes_pool_by_the_row_path(native):
     """Output rows past VECTOR_MAX_OUT (the C loop keeps a row's column maxima on its stack) take
     the row path, whose values agree too."""
     x = randn(1, 2, 4, 2 * pool.VECTOR_MAX_OUT + 5)

@@ -39,16 +39,19 @@ vectors, and a band of them would hold few rows (3x3 max pools at stride 2 over 
 112-wide planes ran 1.09-1.38x slower in bands, 56-wide ones 0.91x, 28-wide ones 0.52x; 80-wide
 planes ran 1.1-1.3x slower in bands at stride 2, 0.94x at stride 1, so the line stays here)."""
 
-VECTOR_ROW_WIDTH = 24
+VECTOR_ROW_WIDTH = 20
 """Max pools at stride 2 along rows at least this wide take the native loop's vector path where
 the CPU has AVX-512 (csrc/pool.c, vector_part: each row's column maxima over its window's rows in
 a buffer, the taps along the row picked from it by permutes), when their windows' taps fall at
-columns 0 to 2 of their start; so do stride-1 max pools over rows ROW_PATH_WIDTH or wider. Alone
-(hot in cache), 3x3 windows at stride 2 took 0.53 of the row path's time over 111-wide planes,
-0.50 over 112-wide ones, 0.68 of the band path's over 55-wide ones, 0.76 of the 16-planes path's
-over 27-wide ones; 24-wide ones the same time, 14-wide ones 1.5x the 16-planes path's. At stride 1
-they took 0.88 of the row path's over 112-wide planes, but 1.3-1.4x the band path's over 28- and
-56-wide ones."""
+columns 0 to 2 of their start. Alone (one thread, hot in cache), 3x3 windows took 0.54 of the row
+path's time over 111-wide planes, 0.45 over 112-wide padded ones, 0.64 of the band path's over
+55-wide ones, 0.62 and 0.81 of the 16-planes path's over 27- and 20-wide ones; as long over
+24-wide padded ones, 1.26x over 18-wide padded ones, 1.5x over 14-wide ones."""
+
+VECTOR_ROW_WIDTH_STRIDE_1 = 80
+"""Max pools at stride 1 along rows at least this wide take the vector path too: it took 0.79
+and 0.87 of the time over 80- and 112-wide planes, but 1.05x over 72-wide ones and 1.2x over 28-
+and 56-wide ones (3x3 windows, padded)."""
 
 VECTOR_MAX_OUT = 1024
 """Output rows the vector path takes at most: the C loop keeps a row's column maxima on its stack."""
@@ -66,7 +69,7 @@ def _vector_rows(win: Window) -> bool:
         return False
     if sw == 2:
         return (kw - 1) * dw <= 2 and width >= VECTOR_ROW_WIDTH
-    return sw == 1 and width >= ROW_PATH_WIDTH
+    return sw == 1 and width >= VECTOR_ROW_WIDTH_STRIDE_1
 
 
 def pool_plane_floats(win: Window, rows: int) -> int:
