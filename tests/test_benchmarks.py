@@ -47,6 +47,17 @@ def test_call_lists_benchmark_runs_the_three_ways(tmp_path):
     assert res["max_relative_difference"] < 1e-4 and "call lists / per node" in proc.stdout
 
 
+def test_pools_benchmark_times_both_paths_and_ort(tmp_path):
+    out = tmp_path / "pools.json"
+    proc = bench("pools.py", "--shapes", "8:27:2:0,8:27:1:1", "--runs", "2", "--json", str(out))
+    first, second = json.loads(out.read_text())["results"]
+    assert first["asks_for_vector_path"] and not second["asks_for_vector_path"]
+    for res in (first, second):
+        assert set(res["median_us"]) == {"vector path", "without it", "ORT"} and min(res["median_us"].values()) > 0
+        assert res["vector_vs_without"] > 0 and res["vector_vs_ort"] > 0
+    assert "vec/ORT" in proc.stdout
+
+
 def test_plans_benchmark_uses_the_stored_plans(tmp_path):
     out = tmp_path / "plans.json"
     bench("plans.py", "--reps", "1", "--json", str(out))
