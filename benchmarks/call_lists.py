@@ -18,7 +18,6 @@ Model names are those of compare.py (or .onnx paths).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 import time
@@ -26,7 +25,7 @@ import time
 import numpy as np
 
 from compare import build
-from figures import host
+from figures import host, write_results
 
 import omrt
 
@@ -97,9 +96,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{name:14s} {threads}t  " + "  ".join(f"{w} {ms[w]:7.2f} ms" for w in WAYS)
                       + f"   call lists / per node {ratio['call lists']:.2f}"
                       + f"   (outputs agree to {res['max_relative_difference']:.1e})")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"host": cpu, "runs": args.runs, "results": results}, f, indent=1)
+    write_results(args.json, cpu, args.runs, results)
     return 0
 
 

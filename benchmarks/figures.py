@@ -65,6 +65,14 @@ def host() -> dict[str, str]:
     return {"cpu": cpu_name(), "isa": cpu_isa(), "blas_core": openblas().core or "not OpenBLAS"}
 
 
+def write_results(path: str | None, cpu: dict, runs: int, results: object) -> None:
+    """A side-by-side benchmark's figures as JSON in `path` (when given): the host, the timed runs
+    per variant, the results."""
+    if path:
+        with open(path, "w") as out:
+            json.dump({"host": cpu, "runs": runs, "results": results}, out, indent=1)
+
+
 def parse(description: str, figures: tuple[str, ...], hidden: tuple[str, ...], argv) -> argparse.Namespace:
     """`--only FIGURE` and `--json FILE`; `hidden` are the workers' own options (and `--fd`)."""
     ap = argparse.ArgumentParser(description=description)

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import math
 import sys
 import tempfile
@@ -27,7 +26,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from figures import host
+from figures import host, write_results
 
 import omrt
 from omrt import bench
@@ -136,9 +135,7 @@ def main(argv: list[str] | None = None) -> int:
                       f"{'yes' if rec['asks_for_vector_path'] else 'no':>7s} {us['vector path']:7.1f}us "
                       f"{us['without it']:7.1f}us {us.get('ORT', math.nan):7.1f}us  "
                       f"{rec['vector_vs_without']:11.2f} {rec.get('vector_vs_ort', math.nan):7.2f}", flush=True)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"host": cpu, "runs": args.runs, "results": results}, f, indent=1)
+    write_results(args.json, cpu, args.runs, results)
     return 0
 
 
