@@ -506,8 +506,6 @@ def _lstm_model(seq: int = 10, inp: int = 12, hidden: int = 9) -> onnx.ModelProt
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)])
 
 
-
-
 def _gru_model(seq: int = 10, inp: int = 12, hidden: int = 9) -> onnx.ModelProto:
     """A bidirectional GRU with a bias and linear_before_reset (as PyTorch exports them), then a
     GRU without either reading the first one's Y: both packed by the compiler."""
@@ -528,7 +526,6 @@ def _gru_model(seq: int = 10, inp: int = 12, hidden: int = 9) -> onnx.ModelProto
                               [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("yh", "z")],
                               inits)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)])
-
 
 
 def reference_model(model: onnx.ModelProto, feeds: dict) -> dict:

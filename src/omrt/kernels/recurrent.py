@@ -34,6 +34,10 @@ PANEL = CONSTANTS["LSTM_PANEL"]
 Activation = Callable[[np.ndarray], None]
 """Applies an activation to an array in place."""
 
+PACKED_SOURCES = (1, 3, 2)
+"""The inputs a packed LSTM's or GRU's three derived weights come from, in the order they follow
+its own inputs: W, B, R."""
+
 
 def _sigmoid(x: np.ndarray, alpha: float, beta: float) -> None:
     # Not np.negative: in place over a gate of one unit (a column 4 floats apart) numpy (2.3, 2.4)
@@ -256,17 +260,24 @@ class _Recurrent(Kernel):
 
     def packed_weights(self) -> list[tuple[int, str, Callable[[np.ndarray], np.ndarray]]]:
         """How the packed op's three weights derive from its inputs, in its input order: (source
-        input, suffix of the source's name, derive)."""
+        input, suffix of the source's name, derive); the sources are PACKED_SOURCES."""
         op = self.ctx.op_type.lower()
-        return [(1, f"__{op}_strips", pack_input_weights), (3, f"__{op}_bias{self.bias_tag()}", self.fold_bias),
-                (2, f"__{op}_panels", lambda r: pack_recurrence(r, self.panel_groups()))]
+        how = [(f"__{op}_strips", pack_input_weights), (f"__{op}_bias{self.bias_tag()}", self.fold_bias),
+               (f"__{op}_panels", lambda r: pack_recurrence(r, self.panel_groups()))]
+        return [(source, suffix, derive) for source, (suffix, derive) in zip(PACKED_SOURCES, how)]
 
     def bias_tag(self) -> str:
         """What tells this op's folded bias from another fold of the same B."""
         return ""
 
-    def loop_arrays(self, inputs: list) -> tuple:
-        """The inputs the C loop reads besides the projection, in its arguments' order."""
+    def loop_bias_in(self, b: np.ndarray | None) -> np.ndarray | None:
+        """The part of B (as given: a view, each direction's `loop_flags` apart) the C loop reads;
+        None when B is absent or the loop reads none of it."""
+        return None
+
+    def loop_arrays(self, inputs: list, loop_bias: np.ndarray | None) -> tuple:
+        """The arrays the C loop reads between R and the outputs, in its arguments' order; `loop_bias`
+        is the part of B it reads, in B (loop_bias_in) or after the folded bias (fold_bias)."""
         return ()
 
     def loop_flags(self, packed: bool = False) -> tuple:
@@ -341,12 +352,12 @@ class _Recurrent(Kernel):
         arrays fit; False when it did not run (the numpy loop then does)."""
         if self.native_loop is None:
             return False
-        arrays = self.loop_arrays(inputs)
-        if not all(a is None or a.flags.c_contiguous for a in (*arrays, *outputs)):
+        r, arrays = inputs[2], self.loop_arrays(inputs, self.loop_bias_in(inputs[3]))
+        if not all(a is None or a.flags.c_contiguous for a in (r, *arrays, *outputs)):
             return False
         work = carve(workspace, self.specs[0], self.work_spec)[1]
         seq, batch = proj.shape[:2]
-        self.native_loop(proj, *arrays, *outputs, work, self.dirs, seq, batch, self.hidden, self.layout,
+        self.native_loop(proj, r, *arrays, *outputs, work, self.dirs, seq, batch, self.hidden, self.layout,
                          int(self.backward[0]), *self.loop_flags(),
                          parallel.native_threads(self.flops, slots=self.slots))
         return True
@@ -430,9 +441,11 @@ class GRU(_Recurrent):
     def bias_tag(self):
         return "_lbr" if self.ctx.attr("linear_before_reset", 0) else ""
 
-    def loop_arrays(self, inputs):
-        b = inputs[3]
-        return inputs[2], None if b is None else b.reshape(-1)[5 * self.hidden:], inputs[5]
+    def loop_bias_in(self, b):
+        return None if b is None else b.reshape(-1)[5 * self.hidden:]
+
+    def loop_arrays(self, inputs, loop_bias):
+        return loop_bias, inputs[5]
 
     def loop_flags(self, packed=False):
         """linear_before_reset, and how far apart each direction's Rbh is: in B, or after the
@@ -499,8 +512,8 @@ class LSTM(_Recurrent):
         """No coupled input and forget gates."""
         return not self.ctx.attr("input_forget", 0)
 
-    def loop_arrays(self, inputs):
-        return inputs[2], inputs[7], inputs[5], inputs[6]
+    def loop_arrays(self, inputs, loop_bias):
+        return inputs[7], inputs[5], inputs[6]
 
     def direction(self, inputs, d):
         p = inputs[7]
@@ -575,12 +588,17 @@ def packable(op_type: str, attrs: dict, inputs: Sequence[TensorInfo | None]) -> 
     return kernel if fits else None
 
 
+def _derived_after(own_inputs: int) -> tuple[tuple[int, int], ...]:
+    """A packed op's `derived` pairs: its derived weights follow its `own_inputs` inputs."""
+    return tuple((own_inputs + i, source) for i, source in enumerate(PACKED_SOURCES))
+
+
 class _PackedRecurrence:
     """An LSTM or GRU (its own inputs, absent ones "") followed by the weights the compiler derived
     (the op's packed_weights): pack_input_weights(W), its fold_bias(B) (or "" without B) and
-    pack_recurrence(R), in the case `packable` takes. The projection runs on omrt's GEMM over W's strips with the bias in its
-    epilogue, the time loop over R's panels. Without the native library (or its vector tile) it
-    runs as the op it was."""
+    pack_recurrence(R), in the case `packable` takes. The projection runs on omrt's GEMM over W's
+    strips with the bias in its epilogue, the time loop over R's panels. Without the native
+    library (or its vector tile) it runs as the op it was."""
 
     own_inputs: ClassVar[int]
     packed_function: ClassVar[Function]
@@ -605,17 +623,13 @@ class _PackedRecurrence:
     def workspace(self) -> int:
         return max(super().workspace(), carve_size(self.specs[0], self.panels_spec, self.states_spec))
 
-    def packed_arrays(self, inputs: list, bias: np.ndarray | None) -> tuple:
-        """The arrays the packed C loop reads between R's panels and the outputs."""
-        raise NotImplementedError
-
     def bind(self, inputs, outputs, workspace):
         if self.native_packed is None:
             return None
         own = self.own_inputs
         inputs = list(inputs) + [None] * (own + 3 - len(inputs))
         x, (strips, bias, panels) = inputs[0], inputs[own:own + 3]
-        arrays = self.packed_arrays(inputs, bias)
+        arrays = self.loop_arrays(inputs, None if bias is None else bias[self.columns:])
         outputs = list(outputs) + [None] * (1 + self.states - len(outputs))
         if not all(a is None or a.flags.c_contiguous for a in (x, strips, bias, panels, *arrays, *outputs)):
             return None
@@ -641,11 +655,8 @@ class PackedLSTM(_PackedRecurrence, LSTM):
     """An LSTM's eight inputs, then its three packed weights (see _PackedRecurrence)."""
 
     own_inputs = 8
-    derived = ((8, 1), (9, 3), (10, 2))
+    derived = _derived_after(own_inputs)
     packed_function = LSTM_PACKED
-
-    def packed_arrays(self, inputs, bias):
-        return inputs[7], inputs[5], inputs[6]
 
 
 @register("PackedGRU", since=1, domain="omrt")
@@ -653,11 +664,8 @@ class PackedGRU(_PackedRecurrence, GRU):
     """A GRU's six inputs, then its three packed weights (see _PackedRecurrence)."""
 
     own_inputs = 6
-    derived = ((6, 1), (7, 3), (8, 2))
+    derived = _derived_after(own_inputs)
     packed_function = GRU_PACKED
-
-    def packed_arrays(self, inputs, bias):
-        return None if bias is None else bias[self.columns:], inputs[5]
 
 
 PACKED: dict[str, type[_PackedRecurrence]] = {"LSTM": PackedLSTM, "GRU": PackedGRU}
