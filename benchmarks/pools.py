@@ -68,14 +68,16 @@ def without_vector_path() -> Iterator[None]:
         pool.VECTOR_ROW_WIDTH, pool.VECTOR_ROW_WIDTH_STRIDE_1 = saved
 
 
-def bound_session(om: str, x: np.ndarray, y: np.ndarray) -> tuple[omrt.Session, bool]:
-    """A session of `om` with x and y bound, and whether its pool asks for the vector path."""
+def bound_session(om: str, x: np.ndarray) -> tuple[omrt.Session, np.ndarray, bool]:
+    """A session of `om` with x and a new output bound, that output, and whether its pool asks
+    for the vector path."""
     model = bench.load_compiled(om)
+    y = np.empty(model.outputs[0].shape, np.float32)
     session = model.session()
     session.bind("x", x)
     session.bind("y", y)
     kernel = next(step.kernel for step in session._executor.instructions if hasattr(step, "kernel"))
-    return session, bool(kernel.vector_rows)
+    return session, y, bool(kernel.vector_rows)
 
 
 def measure(om: str, src: str, planes: int, size: int, threads: int, runs: int) -> dict:
@@ -83,11 +85,9 @@ def measure(om: str, src: str, planes: int, size: int, threads: int, runs: int) 
     ort = bench.import_ort()
     x = np.random.default_rng(0).standard_normal((1, planes, size, size)).astype(np.float32)
     with bench.omrt_threads(threads):
-        out = bench.load_compiled(om).outputs[0].shape
-        y_vector, y_before = np.empty(out, np.float32), np.empty(out, np.float32)
-        vector, asks = bound_session(om, x, y_vector)
+        vector, y_vector, asks = bound_session(om, x)
         with without_vector_path():
-            before, _ = bound_session(om, x, y_before)
+            before, y_before, _ = bound_session(om, x)
         fns = {"vector path": vector.run, "without it": before.run}
         if ort is not None:
             osess = bench.ort_session(ort, src, threads)

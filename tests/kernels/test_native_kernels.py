@@ -208,13 +208,18 @@ def test_wide_max_pools_match_reference(native, threads, width, sw, across, kh, 
     agree("MaxPool", [x], attrs, native)
 
 
-def test_rows_wider_than_the_vector_path_takes_pool_by_the_row_path(native):
-    """Output rows past VECTOR_MAX_OUT (the C loop keeps a row's column maxima on its stack) take
-    the row path, whose values agree too."""
-    x = randn(1, 2, 4, 2 * pool.VECTOR_MAX_OUT + 5)
-    attrs = {"kernel_shape": [3, 3], "strides": [1, 2]}
-    assert not _kernel("MaxPool", x, None, attrs, native).vector_rows
-    assert _kernel("MaxPool", x[..., :2 * pool.VECTOR_MAX_OUT], None, attrs, native).vector_rows
+@pytest.mark.parametrize("threads", [1, 2], indirect=True)
+@pytest.mark.parametrize("width", [2 * 1024, 8 * 1024 + 5])
+@pytest.mark.parametrize("sw", [1, 2])
+def test_rows_wider_than_the_vector_paths_buffer_pool_by_the_row_path(native, threads, width, sw):
+    """The C loop keeps a row's column maxima on its stack, for up to 1024 outputs (csrc/pool.c,
+    VECTOR_MAX_OUT): the rows of 4097 and 8195 outputs asked for the vector path take the row
+    path instead (past the buffer's end they would write the stack), and their values agree, as
+    those of rows at the limit."""
+    x = randn(1, 2, 5, width)
+    x[0, 1, 2, width - 3] = np.nan
+    attrs = {"kernel_shape": [3, 3], "strides": [1, sw]}
+    assert _kernel("MaxPool", x, None, attrs, native).vector_rows
     agree("MaxPool", [x], attrs, native)
 
 

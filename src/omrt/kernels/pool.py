@@ -53,9 +53,6 @@ VECTOR_ROW_WIDTH_STRIDE_1 = 80
 and 0.87 of the time over 80- and 112-wide planes, but 1.05x over 72-wide ones and 1.2x over 28-
 and 56-wide ones (3x3 windows, padded)."""
 
-VECTOR_MAX_OUT = 1024
-"""Output rows the vector path takes at most: the C loop keeps a row's column maxima on its stack."""
-
 SPLIT_BYTES = 1 << 24
 """Pools that read at least this many bytes (input size times the taps per dim) spread their
 plane blocks over omrt's threads; smaller ones cost less than a handoff."""
@@ -63,10 +60,9 @@ plane blocks over omrt's threads; smaller ones cost less than a handoff."""
 
 def _vector_rows(win: Window) -> bool:
     """Whether a max pool with this window asks the native loop for its vector path (see
-    VECTOR_ROW_WIDTH)."""
+    VECTOR_ROW_WIDTH); the loop itself takes the row path for output rows wider than its buffer
+    holds (csrc/pool.c, vector_path)."""
     (_, kw), (_, sw), (_, dw), width = win.kernel, win.strides, win.dilations, win.size[1]
-    if win.out[1] > VECTOR_MAX_OUT:
-        return False
     if sw == 2:
         return (kw - 1) * dw <= 2 and width >= VECTOR_ROW_WIDTH
     return sw == 1 and width >= VECTOR_ROW_WIDTH_STRIDE_1
