@@ -108,6 +108,38 @@ def test_one_thread_reads_no_counters_and_profile_keeps_its_result(conv_om):
     assert set(per_op) == {"PackedConv", "Transpose"} and all(isinstance(v, float) and v > 0 for v in per_op.values())
 
 
+def test_profile_by_node_gives_each_node_its_own_entry(tmp_path):
+    """Two Convs of one op type: by op they add up under PackedConv, by node each has its own
+    entry (its name; an unnamed node `<op type>_<index>`)."""
+    model = conv_then_transpose()
+    model.graph.node[1].name = ""
+    second = helper.make_node("Conv", ["x", "w"], ["c2"], name="second", pads=[2, 2, 2, 2])
+    model.graph.node.insert(1, second)
+    model.graph.node[2].input[0] = "c"
+    model.graph.output.append(helper.make_tensor_value_info("c2", TensorProto.FLOAT, [1, 32, 32, 32]))
+    model.graph.node[0].name = "first"
+    path = str(tmp_path / "two.om")
+    omrt.compile(model, path, autofuse=False)
+    omrt.set_num_threads(1)
+    sess = omrt.load(path, trust_kernels=True).session()
+    by_node = sess.profile(_feeds(), repeat=2, by="node")
+    assert set(by_node) == {"first", "second", "Transpose_2"} and all(v > 0 for v in by_node.values())
+    assert list(by_node) == sorted(by_node, key=lambda k: -by_node[k])
+    prof = sess.profile_threads(_feeds(), repeat=2, by="node")
+    assert set(prof.ops) == set(by_node) and prof.run.seconds >= sum(op.seconds for op in prof.ops.values())
+    with pytest.raises(ValueError, match="profile by='task': use one of 'op', 'node'"):
+        sess.profile(_feeds(), by="task")
+
+
+def test_cli_profile_by_node_prints_a_line_per_node(conv_om):
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert cli(["run", conv_om, "--trust-kernels", "--profile", "--profile-by", "node", "--repeat", "2"]) == 0
+    text = out.getvalue()
+    assert "time per node (mean of 2 runs" in text
+    assert re.search(r"\n  Conv_0 +[0-9.]+ ms +[0-9.]+%", text) and re.search(r"\n  Transpose_1 +[0-9.]+ ms", text)
+
+
 def test_idle_is_the_other_threads_unused_share():
     assert OpThreads(2.0, (2.0, 0.5)).idle == pytest.approx(0.75)
     assert OpThreads(1.0, (1.0, 1.0, 0.0)).idle == pytest.approx(0.5)

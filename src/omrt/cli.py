@@ -156,18 +156,19 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"latency over {len(times)} runs: median {statistics.median(times) * 1e3:.3f} ms, "
               f"min {min(times) * 1e3:.3f} ms")
     if args.profile:
-        _print_profile(sess, max(args.repeat, 1), args.threads)
+        _print_profile(sess, max(args.repeat, 1), args.threads, args.profile_by)
     s = sess.stats
     print(f"runs {s.runs}, bytes copied {s.bytes_copied}, arena {s.arena_bytes}, lower bound {s.lower_bound}")
     return 0
 
 
-def _print_profile(sess: Session, repeat: int, threads: int) -> None:
-    """Time per op type and fused chain; with several threads, each one's busy time during it and
-    how much of the other threads' time idled, then the same over whole runs."""
-    prof = sess.profile_threads(repeat=repeat)
+def _print_profile(sess: Session, repeat: int, threads: int, by: str = "op") -> None:
+    """Time per op type and fused chain (or per node); with several threads, each one's busy time
+    during it and how much of the other threads' time idled, then the same over whole runs."""
+    prof = sess.profile_threads(repeat=repeat, by=by)
     total = sum(op.seconds for op in prof.ops.values())
-    print(f"time per op type and fused chain (mean of {repeat} runs, {total * 1e3:.3f} ms in kernels):")
+    what = "node" if by == "node" else "op type and fused chain"
+    print(f"time per {what} (mean of {repeat} runs, {total * 1e3:.3f} ms in kernels):")
     width = max([24] + [len(op) + 2 for op in prof.ops])
     if threads > 1:
         busy = "".join(f"{f'busy t{t}':>10}" for t in range(threads))
@@ -352,6 +353,8 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--repeat", type=int, default=0, help="timed runs after the first")
     r.add_argument("--output-dir", help="save outputs as .npy files here")
     r.add_argument("--profile", action="store_true", help="print time per op type and per fused chain")
+    r.add_argument("--profile-by", choices=("op", "node"), default="op",
+                   help="with --profile: per op type and fused chain (op, the default) or per node")
     _trust_args(r)
     r.add_argument("--threads", type=_threads_arg, default=1, metavar="N",
                    help="run omrt's kernels on N threads of its own (default 1; see omrt.set_num_threads)")

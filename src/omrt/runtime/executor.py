@@ -66,9 +66,11 @@ def call_kernel(kernel: Kernel, op_type: str, label: str, inputs: list, outputs:
         raise KernelError(f"kernel {op_type} failed at node {label!r}: {type(e).__name__}: {e}") from e
 
 
-def profile_key(node: Node) -> str:
-    """What a profile adds a node's time to: its op type, or a fused chain's own name (each
-    is a generated kernel of its own, e.g. `fused3[HardSigmoid+Mul]`)."""
+def profile_key(node: Node, by: str = "op") -> str:
+    """What a profile adds a node's time to: by op, its op type, or a fused chain's own name (each
+    is a generated kernel of its own, e.g. `fused3[HardSigmoid+Mul]`); by node, its name (`Node.label`)."""
+    if by == "node":
+        return node.label
     return node.name if is_fused(node) else node.op_type
 
 
@@ -356,8 +358,8 @@ class Executor:
 
     def run(self, values: Mapping[str, Any], tally: Tally | None = None) -> dict[str, Any]:
         """Run every instruction in order; returns the run-time values by name (`values`, the
-        sequence and optional inputs, included). `tally` adds each op type's (each fused chain's)
-        wall time, and its threads' busy time when it reads them."""
+        sequence and optional inputs, included). `tally` adds each op type's (each fused chain's,
+        or each node's) wall time, and its threads' busy time when it reads them."""
         found: dict[str, Any] = dict(values)
         self._bind()
         if self.stream is not None:
@@ -378,7 +380,7 @@ class Executor:
         try:
             step.execute(found, self)
         finally:
-            tally.stop(profile_key(step.node), mark)
+            tally.stop(profile_key(step.node, tally.by), mark)
 
     def _run_streamed(self, found: dict[str, Any], tally: Tally | None) -> dict[str, Any]:
         """The loop with streamed weights: each task waits for the weights it reads first, and

@@ -27,7 +27,7 @@ nanoseconds so far (None: threads not read)."""
 
 @dataclass(frozen=True)
 class OpThreads:
-    """One op type (or fused chain, or a whole run): mean seconds per run, and per thread
+    """One op type (or fused chain, node, or a whole run): mean seconds per run, and per thread
     (0: the calling one) the mean seconds it spent on omrt's split work meanwhile."""
 
     seconds: float
@@ -69,14 +69,28 @@ RUN = ""
 """The key of whole runs (no op type is named so)."""
 
 
+PROFILE_BY = ("op", "node")
+"""What a profile adds each task's time to: its op type (each fused chain by its name), or its
+node (by name; the compiler names an unnamed ONNX node `<op type>_<index>`)."""
+
+
+def check_profile_by(by: str) -> str:
+    """`by` when it is one of PROFILE_BY, else a ValueError that lists them."""
+    if by not in PROFILE_BY:
+        raise ValueError(f"profile by={by!r}: use one of {', '.join(map(repr, PROFILE_BY))}")
+    return by
+
+
 class Tally:
-    """Wall seconds per op type; with a reader of the threads' busy time, their busy time too.
+    """Wall seconds per op type (or per node, `by`); with a reader of the threads' busy time,
+    their busy time too.
 
     Reading the counters takes microseconds; that time is measured and left out of every figure
     (the counters do not move while it passes: no split work runs between tasks)."""
 
-    def __init__(self, read: Callable[[], np.ndarray] | None = None) -> None:
+    def __init__(self, read: Callable[[], np.ndarray] | None = None, by: str = "op") -> None:
         self.read = read
+        self.by = check_profile_by(by)
         self.wall: Counter = Counter()
         self.busy: dict[str, np.ndarray] = {}
         self.reading = 0.0

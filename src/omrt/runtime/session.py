@@ -318,21 +318,23 @@ class Session:
         lists of arrays for sequences; None for an empty optional)."""
         return self._run(feeds)
 
-    def profile(self, feeds: Mapping[str, Any] | None = None, repeat: int = 10) -> dict[str, float]:
+    def profile(self, feeds: Mapping[str, Any] | None = None, repeat: int = 10, by: str = "op") -> dict[str, float]:
         """Run `repeat` times timing every kernel; mean seconds per run by op type (each fused chain
-        by its name), slowest first."""
-        tally = self._profiled(feeds, repeat, Tally())
+        by its name), or with by="node" by node (its name; an unnamed ONNX node is
+        `<op type>_<index>`, and nodes that share a name add up), slowest first."""
+        tally = self._profiled(feeds, repeat, Tally(by=by))
         return {op: sec / repeat for op, sec in tally.wall.most_common() if op != RUN}
 
-    def profile_threads(self, feeds: Mapping[str, Any] | None = None, repeat: int = 10) -> ThreadProfile:
+    def profile_threads(self, feeds: Mapping[str, Any] | None = None, repeat: int = 10,
+                        by: str = "op") -> ThreadProfile:
         """Run `repeat` times on omrt's threads (`omrt.set_num_threads`), timing every kernel and
-        reading how long each thread spent on omrt's split work meanwhile: per op type (slowest
-        first) and for the whole run, mean wall seconds, each thread's busy seconds, and the
-        share of the second and later threads' time they idled. Work outside omrt's threads
-        (numpy, OpenBLAS, kernels that do not split) idles them: that is where to look. The
-        counters belong to the process, so profile with no other run going."""
+        reading how long each thread spent on omrt's split work meanwhile: per op type (or node,
+        as `profile`; slowest first) and for the whole run, mean wall seconds, each thread's busy
+        seconds, and the share of the second and later threads' time they idled. Work outside
+        omrt's threads (numpy, OpenBLAS, kernels that do not split) idles them: that is where to
+        look. The counters belong to the process, so profile with no other run going."""
         threads = get_num_threads()
-        tally = self._profiled(feeds, repeat, Tally(pool_reader(self.model.native, threads)))
+        tally = self._profiled(feeds, repeat, Tally(pool_reader(self.model.native, threads), by))
         return tally.profile(threads, repeat)
 
     def _profiled(self, feeds: Mapping[str, Any] | None, repeat: int, tally: Tally) -> Tally:
