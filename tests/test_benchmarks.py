@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 pytest.importorskip("onnxruntime")
@@ -56,6 +57,49 @@ def test_pools_benchmark_times_both_paths_and_ort(tmp_path):
         assert set(res["median_us"]) == {"vector path", "without it", "ORT"} and min(res["median_us"].values()) > 0
         assert res["vector_vs_without"] > 0 and res["vector_vs_ort"] > 0
     assert "vec/ORT" in proc.stdout
+
+
+def inception_like_block():
+    """x -> [1x1], [1x1 -> 3x3], [max pool -> 1x1] -> Concat -> 1x1, then a residual Add of the
+    block's input to a 1x1 of the concatenation: one group of three branches (1, 2 and 2 nodes),
+    and none at the Add (the Conv before it reads the Concat, which is not a branch of x)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+
+    def conv(name, x, c_in, c_out, k=1):
+        w = numpy_helper.from_array(rng.standard_normal((c_out, c_in, k, k)).astype(np.float32) * 0.1, name + "_w")
+        return helper.make_node("Conv", [x, w.name], [name], name=name, pads=[k // 2] * 4), w
+
+    parts = [conv("a", "x", 8, 8), conv("b1", "x", 8, 4), conv("b2", "b1", 4, 8, 3),
+             (helper.make_node("MaxPool", ["x"], ["p"], name="p", kernel_shape=[3, 3], pads=[1] * 4), None),
+             conv("c", "p", 8, 8)]
+    parts.append((helper.make_node("Concat", ["a", "b2", "c"], ["cat"], name="cat", axis=1), None))
+    parts.append(conv("d", "cat", 24, 8))
+    parts.append((helper.make_node("Add", ["d", "x"], ["y"], name="add"), None))
+    graph = helper.make_graph([n for n, _ in parts], "block",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 16, 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 16, 16])],
+                              [w for _, w in parts if w is not None])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_branches_benchmark_finds_the_blocks_branches(tmp_path):
+    import onnx
+
+    src, out = tmp_path / "block.onnx", tmp_path / "branches.json"
+    onnx.save(inception_like_block(), str(src))
+    proc = bench("branches.py", "--models", str(src), "--rounds", "2", "--json", str(out))
+    (res,) = json.loads(out.read_text())["results"].values()
+    (group,) = res["groups"]
+    assert group["join"] == "cat" and group["branch_nodes"] == [1, 2, 2]
+    assert group["now_2t_us"] > 0 and min(group["branches_1t_us"]) > 0
+    loads = [0.0, 0.0]  # the branches longest first, each onto the less loaded of two threads
+    for cost in sorted(group["branches_1t_us"], reverse=True):
+        loads[loads.index(min(loads))] += cost
+    assert group["at_once_us"] == pytest.approx(max(loads))
+    assert group["gain_us"] == pytest.approx(group["now_2t_us"] - group["at_once_us"])
+    assert res["gain_every_group_us"] == pytest.approx(group["gain_us"]) and "every group at once" in proc.stdout
 
 
 def test_plans_benchmark_uses_the_stored_plans(tmp_path):
