@@ -334,26 +334,36 @@ static OMRT_INLINE void omrt_prefetch_columns(const float *x, int64_t ld, int64_
  * of the time, 128 filters 0.91-0.98; from 256 filters on, the copy paid for itself. */
 #define OMRT_IN_PLACE_ROWS (11 * OMRT_PANEL)
 
+/* Products whose b spans at most this many floats (K rows at its pitch) read its whole strips
+ * where it lies and take all its columns at once: b then stays in L2 while every panel streams
+ * past it once. Taken a block at a time instead, each panel of weights is read again for every
+ * block, from L3 or memory when a layer's weights are not in cache: 1000 filters x 512 taps over
+ * a 13x13 layer's 169 columns, weights out of cache, took 0.93 of the time of blocks of 32. */
+#define OMRT_B_IN_L2 (128 * 1024)
+
 /* c (rows [m0, m1) of the output, n columns, pitch ldc) = rows [m0, m1) of the packed weights
  * `panels` (K columns; m0 a multiple of OMRT_PANEL) times b (K x n, pitch ldb), bias (per row,
  * indexed from row 0), the residual (laid out as c) and activation applied. b is taken `block`
  * columns at a time (a multiple of OMRT_MAX_NR), and each panel is multiplied by every strip of
  * the block while it is in L1: strips are copied into `scratch` (K * block floats), except the
  * whole strips of a product of at most OMRT_IN_PLACE_ROWS rows, which the tile reads in place.
- * With `fetch_b`, each block also asks for the next block's columns of b: for a b that lies where
- * no cache holds it (a layer's input); columns just gathered into a buffer are near already, and
- * asking again for them took 6-8% of a 7x7 stem's time. */
+ * A b of at most OMRT_B_IN_L2 floats is taken whole, its whole strips read in place (only its
+ * last, partial strip copied). With `fetch_b`, each block also asks for the next block's columns
+ * of b: for a b that lies where no cache holds it (a layer's input); columns just gathered into a
+ * buffer are near already, and asking again for them took 6-8% of a 7x7 stem's time. */
 static inline void omrt_panel_gemm(const float *panels, int64_t K, int64_t m0, int64_t m1, const float *b,
                                    int64_t ldb, int64_t n, float *c, int64_t ldc, const omrt_epilogue *e,
                                    float *scratch, int64_t block, int fetch_b) {
     const omrt_gemm_kind kind = omrt_gemm_pick();
-    for (int64_t p = 0; p < n; p += block) {
-        const int64_t w = n - p < block ? n - p : block;
-        const int64_t in_place = m1 - m0 <= OMRT_IN_PLACE_ROWS ? w / kind.nr * kind.nr : 0; /* columns */
+    const int whole = K * ldb <= OMRT_B_IN_L2;
+    const int64_t span = whole ? n : block; /* columns per pass */
+    for (int64_t p = 0; p < n; p += span) {
+        const int64_t w = n - p < span ? n - p : span;
+        const int64_t in_place = whole || m1 - m0 <= OMRT_IN_PLACE_ROWS ? w / kind.nr * kind.nr : 0; /* columns */
         if (w > in_place) omrt_pack_strips(b + p + in_place, ldb, K, w - in_place, kind.nr, scratch);
         /* the next block's columns of b, c and the residual are many short runs of rows that no
          * hardware prefetcher follows: each step of rows asks for its share of them */
-        const int64_t next = n - p - block < block ? n - p - block : block;
+        const int64_t next = n - p - span < span ? n - p - span : span;
         const int64_t steps = (m1 - m0 + kind.rows - 1) / kind.rows;
         for (int64_t m = m0; m < m1; m += kind.rows) {
             omrt_epilogue at = {e->bias ? e->bias + m : NULL, NULL, e->act, e->alpha, e->beta, NULL};
@@ -361,9 +371,9 @@ static inline void omrt_panel_gemm(const float *panels, int64_t K, int64_t m0, i
             const int64_t rows = m1 - m < kind.rows ? m1 - m : kind.rows;
             if (next > 0) {
                 const int64_t step = (m - m0) / kind.rows, k0 = K * step / steps, k1 = K * (step + 1) / steps;
-                if (fetch_b) omrt_prefetch_columns(b + k0 * ldb, ldb, k1 - k0, p + block, next, 0);
-                omrt_prefetch_columns(c + (m - m0) * ldc, ldc, rows, p + block, next, 1);
-                if (e->residual) omrt_prefetch_columns(e->residual + (m - m0) * ldc, ldc, rows, p + block, next, 0);
+                if (fetch_b) omrt_prefetch_columns(b + k0 * ldb, ldb, k1 - k0, p + span, next, 0);
+                omrt_prefetch_columns(c + (m - m0) * ldc, ldc, rows, p + span, next, 1);
+                if (e->residual) omrt_prefetch_columns(e->residual + (m - m0) * ldc, ldc, rows, p + span, next, 0);
             }
             for (int64_t s = 0; s * kind.nr < w; s++) {
                 const int64_t cols = w - s * kind.nr < kind.nr ? w - s * kind.nr : kind.nr;
