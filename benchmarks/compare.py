@@ -2,6 +2,7 @@
 
     python benchmarks/compare.py                                  # the whole suite, 1 and 2 threads
     python benchmarks/compare.py --models squeezenet,mlp --runs 50 --threads 1 --json out.json --png out.png
+    python benchmarks/compare.py --models squeezenet --neighbour 2/10   # beside a process busy 2 ms in every 10
 
 The suite: the nine light models the onnx package ships (their architectures, with weights redrawn
 by `omrt.zoo.redrawn`, seeded, so that the output check means something), four real
@@ -24,11 +25,16 @@ percentiles, the ratio omrt/ORT of medians, and an output check against ORT. Her
 also summed up as geometric means over the models (and over the light and the real models
 apart), and a per-variant time budget caps the number
 of runs for slow models (the count actually made is reported).
+
+`--neighbour BUSY/PERIOD` times both runtimes beside another process, pinned to the last CPU the
+worker may use, that keeps it busy BUSY ms in every PERIOD ms (a host's other tenants, made to
+order): how much each runtime loses when a core it splits its layers over is lent out now and then.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -36,6 +42,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import Iterator
 
 from architectures import MODELS as REAL_MODELS
 from figures import host
@@ -216,9 +223,61 @@ def build(name: str, tmp: str) -> str:
 
 # ---------------------------------------------------------------------------------- the worker
 
+NEIGHBOUR = """
+import os, sys, time
+os.sched_setaffinity(0, {int(sys.argv[1])})
+busy, rest = float(sys.argv[2]) / 1e3, float(sys.argv[3]) / 1e3
+while True:
+    end = time.perf_counter() + busy
+    while time.perf_counter() < end:
+        pass
+    time.sleep(rest)
+"""
+"""The busy neighbour's loop (argv: its CPU, busy ms, resting ms)."""
+
+
+def parse_neighbour(spec: str | None) -> tuple[float, float] | None:
+    """`BUSY/PERIOD` in ms as (busy, period), or None when not given."""
+    if not spec:
+        return None
+    try:
+        busy, period = (float(v) for v in spec.split("/"))
+    except ValueError:
+        raise SystemExit(f"--neighbour {spec!r}: give BUSY/PERIOD in ms, e.g. 2/10") from None
+    if not 0 < busy <= period:
+        raise SystemExit(f"--neighbour {spec!r}: BUSY must be over 0 and at most PERIOD")
+    return busy, period
+
+
+@contextlib.contextmanager
+def neighbour(spec: tuple[float, float] | None) -> Iterator[dict | None]:
+    """A process busy spec[0] ms in every spec[1] ms on the last CPU this one may use, for the
+    block's duration (nothing when spec is None); yields what the JSON records of it, to which
+    the share of the block's time the neighbour spent on its CPU is added when it ends."""
+    if spec is None:
+        yield None
+        return
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        raise SystemExit(f"--neighbour needs two CPUs; this process may use {len(cpus)}")
+    busy, period = spec
+    proc = subprocess.Popen([sys.executable, "-c", NEIGHBOUR, str(cpus[-1]), str(busy), str(period - busy)])
+    record = {"cpu": cpus[-1], "busy_ms": busy, "period_ms": period}
+    start = time.perf_counter()
+    try:
+        yield record
+    finally:
+        with open(f"/proc/{proc.pid}/stat") as f:  # its user and system time, in clock ticks
+            ticks = sum(int(v) for v in f.read().rsplit(")", 1)[1].split()[11:13])
+        record["cpu_share"] = ticks / os.sysconf("SC_CLK_TCK") / (time.perf_counter() - start)
+        proc.kill()
+        proc.wait()
+
+
 def measure(name: str, threads: list[int], runs: int, warmup: int, block: int, budget: float,
-            settle: float) -> dict:
-    """Compile `name`, then time omrt and ORT at each thread count; returns a JSON-able dict."""
+            settle: float, busy: tuple[float, float] | None = None) -> dict:
+    """Compile `name`, then time omrt and ORT at each thread count (beside a busy neighbour when
+    `busy` is given, see `neighbour`); returns a JSON-able dict."""
     import omrt
 
     out: dict = {"model": name}
@@ -231,8 +290,11 @@ def measure(name: str, threads: list[int], runs: int, warmup: int, block: int, b
         except omrt.OmrtError as e:
             return {**out, "error": f"omrt: {type(e).__name__}: {e}"}
         out.update(bench.describe(target))
-        out["threads"] = {str(n): bench.measure_threads(target, n, runs, warmup, block, budget, settle)
-                          for n in threads}
+        with neighbour(busy) as beside:
+            out["threads"] = {str(n): bench.measure_threads(target, n, runs, warmup, block, budget, settle)
+                              for n in threads}
+        if beside is not None:
+            out["neighbour"] = beside
     return out
 
 
@@ -247,7 +309,7 @@ def spawn(name: str, args: argparse.Namespace) -> dict:
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", name, "--runs", str(args.runs),
            "--warmup", str(args.warmup), "--block", str(args.block), "--budget", str(args.budget),
            "--settle", str(args.settle),
-           "--threads", ",".join(map(str, args.threads))]
+           "--threads", ",".join(map(str, args.threads))] + (["--neighbour", args.neighbour] if args.neighbour else [])
     proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OPENBLAS_NUM_THREADS": "1"})
     if proc.returncode != 0:
         tail = proc.stderr.strip().splitlines()[-1:] or ["(no message)"]
@@ -339,6 +401,9 @@ def main(argv=None) -> int:
     ap.add_argument("--settle", type=float, default=bench.SETTLE_S,
                     help="seconds of pause before each block, so that it starts with the other runtime's "
                          f"threads quiet (default {bench.SETTLE_S:g}; 0 runs the blocks back to back)")
+    ap.add_argument("--neighbour", metavar="BUSY/PERIOD",
+                    help="time both runtimes beside a process that keeps the last CPU busy BUSY ms in every "
+                         "PERIOD ms (e.g. 2/10)")
     ap.add_argument("--json", metavar="FILE", help="write every figure here")
     ap.add_argument("--png", metavar="FILE", help="draw the ratios here")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
@@ -348,10 +413,11 @@ def main(argv=None) -> int:
     args.threads = [int(t) for t in str(args.threads).split(",") if t.strip()]
     if args.warmup is None:
         args.warmup = min(5, args.runs)
+    busy = parse_neighbour(args.neighbour)
 
     if args.worker:
         print(json.dumps(measure(args.worker, args.threads, args.runs, args.warmup, args.block, args.budget,
-                                 args.settle)))
+                                 args.settle, busy)))
         return 0
 
     models = [m.strip() for m in args.models.split(",") if m.strip()] if args.models else default_models()
@@ -360,7 +426,8 @@ def main(argv=None) -> int:
           f"{machine['blas_core']} kernels")
     print(f"omrt vs ONNX Runtime: {len(models)} models, threads {args.threads}, {args.runs} timed runs "
           f"(budget {args.budget:g} s per variant), {args.warmup} warm-up runs, blocks of {args.block} "
-          f"{args.settle:g} s apart")
+          f"{args.settle:g} s apart" + (f"; beside a neighbour busy {busy[0]:g} ms in every {busy[1]:g} ms on the "
+                                        f"last CPU" if busy else ""))
     load_before = os.getloadavg() if hasattr(os, "getloadavg") else None
     results = []
     for name in models:

@@ -39,6 +39,33 @@ def test_compare_runs_on_squeezenet(tmp_path):
     assert doc["summary"]["1"]["all"]["models"] == 1
 
 
+def test_compare_beside_a_busy_neighbour_records_it_and_stops_it(tmp_path):
+    out = tmp_path / "compare.json"
+    proc = bench("compare.py", "--models", "squeezenet", "--runs", "2", "--warmup", "1", "--threads", "2",
+                 "--neighbour", "3/10", "--json", str(out), timeout=120)
+    assert "beside a neighbour busy 3 ms in every 10 ms" in proc.stdout
+    (res,) = json.loads(out.read_text())["results"]
+    beside = res["neighbour"]
+    assert beside["cpu"] == max(os.sched_getaffinity(0)) and (beside["busy_ms"], beside["period_ms"]) == (3, 10)
+    assert 0.05 < beside["cpu_share"] < 0.9  # it ran, busy part of the time
+    assert res["threads"]["2"]["omrt"]["median_ms"] > 0
+    running = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                running.append(f.read())
+        except OSError:
+            continue
+    assert not any(b"os.sched_setaffinity(0, {int(sys.argv[1])})" in cmd for cmd in running)
+
+
+@pytest.mark.parametrize("spec, message", [("2", "give BUSY/PERIOD in ms"), ("12/10", "at most PERIOD")])
+def test_compare_refuses_a_neighbour_it_cannot_make(spec, message):
+    proc = subprocess.run([sys.executable, os.path.join(BENCH, "compare.py"), "--models", "squeezenet",
+                           "--neighbour", spec], capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0 and message in proc.stderr
+
+
 def test_call_lists_benchmark_runs_the_three_ways(tmp_path):
     out = tmp_path / "calls.json"
     proc = bench("call_lists.py", "--models", "squeezenet", "--threads", "1", "--runs", "2", "--warmup", "1",
