@@ -124,6 +124,7 @@ def test_profile_by_node_gives_each_node_its_own_entry(tmp_path):
     sess = omrt.load(path, trust_kernels=True).session()
     by_node = sess.profile(_feeds(), repeat=2, by="node")
     assert set(by_node) == {"first", "second", "Transpose_2"} and all(v > 0 for v in by_node.values())
+    assert set(sess.profile(_feeds(), repeat=2)) == {"PackedConv", "Transpose"}
     assert list(by_node) == sorted(by_node, key=lambda k: -by_node[k])
     prof = sess.profile_threads(_feeds(), repeat=2, by="node")
     assert set(prof.ops) == set(by_node) and prof.run.seconds >= sum(op.seconds for op in prof.ops.values())

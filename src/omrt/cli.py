@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 
 from .errors import OmrtError
+from .runtime.profile import PROFILE_BY
 
 if TYPE_CHECKING:
     from .runtime import OpThreads, Session
@@ -353,7 +354,7 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--repeat", type=int, default=0, help="timed runs after the first")
     r.add_argument("--output-dir", help="save outputs as .npy files here")
     r.add_argument("--profile", action="store_true", help="print time per op type and per fused chain")
-    r.add_argument("--profile-by", choices=("op", "node"), default="op",
+    r.add_argument("--profile-by", choices=PROFILE_BY, default="op",
                    help="with --profile: per op type and fused chain (op, the default) or per node")
     _trust_args(r)
     r.add_argument("--threads", type=_threads_arg, default=1, metavar="N",

@@ -74,13 +74,6 @@ PROFILE_BY = ("op", "node")
 node (by name; the compiler names an unnamed ONNX node `<op type>_<index>`)."""
 
 
-def check_profile_by(by: str) -> str:
-    """`by` when it is one of PROFILE_BY, else a ValueError that lists them."""
-    if by not in PROFILE_BY:
-        raise ValueError(f"profile by={by!r}: use one of {', '.join(map(repr, PROFILE_BY))}")
-    return by
-
-
 class Tally:
     """Wall seconds per op type (or per node, `by`); with a reader of the threads' busy time,
     their busy time too.
@@ -89,8 +82,10 @@ class Tally:
     (the counters do not move while it passes: no split work runs between tasks)."""
 
     def __init__(self, read: Callable[[], np.ndarray] | None = None, by: str = "op") -> None:
+        if by not in PROFILE_BY:
+            raise ValueError(f"profile by={by!r}: use one of {', '.join(map(repr, PROFILE_BY))}")
         self.read = read
-        self.by = check_profile_by(by)
+        self.by = by
         self.wall: Counter = Counter()
         self.busy: dict[str, np.ndarray] = {}
         self.reading = 0.0
