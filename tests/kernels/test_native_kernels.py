@@ -213,9 +213,9 @@ def test_wide_max_pools_match_reference(native, threads, width, sw, across, kh, 
 @pytest.mark.parametrize("sw", [1, 2])
 def test_rows_wider_than_the_vector_paths_buffer_pool_by_the_row_path(native, threads, width, sw):
     """The C loop keeps a row's column maxima on its stack, for up to 1024 outputs (csrc/pool.c,
-    VECTOR_MAX_OUT): the rows of 4097 and 8195 outputs asked for the vector path take the row
+    VECTOR_MAX_OUT): rows of 2046, 4098 and 8195 outputs asked for the vector path take the row
     path instead (past the buffer's end they would write the stack), and their values agree, as
-    those of rows at the limit."""
+    those of the row of 1023, under the limit, on the vector path."""
     x = randn(1, 2, 5, width)
     x[0, 1, 2, width - 3] = np.nan
     attrs = {"kernel_shape": [3, 3], "strides": [1, sw]}
