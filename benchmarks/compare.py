@@ -257,6 +257,8 @@ def neighbour(spec: tuple[float, float] | None) -> Iterator[dict | None]:
     if spec is None:
         yield None
         return
+    if not sys.platform.startswith("linux"):
+        raise SystemExit("--neighbour pins its process to a CPU and reads its time from /proc: Linux only")
     cpus = sorted(os.sched_getaffinity(0))
     if len(cpus) < 2:
         raise SystemExit(f"--neighbour needs two CPUs; this process may use {len(cpus)}")
