@@ -73,15 +73,16 @@ def pack_filter_strips(w: np.ndarray, group: int = 1) -> np.ndarray:
     return np.concatenate([pack_strips(part.reshape(part.shape[0], -1).T) for part in np.split(w, group)])
 
 
-LANES_RULES = ((1.2, 32), (1.05, 96), (1.0, 160))
+LANES_RULES = ((1.2, 32), (1.05, 96))
 """(gain, taps) pairs: a layer is packed with the filters in the vector lanes when its tiles are
 filled at least `gain` times better so (filter_lanes) and it has at least `taps` rows (C / G * KH
 * KW) for one of them: the transposed tile's sums go back through transposes, a cost per tile
-that deep products hide (as full either way, layers of 256-512 taps ran up to a tenth faster
-transposed, of 16-128 taps slower). Measured on 1x1 layers, one
-thread, AVX-512: 7x7 (gain 1.23) of 64-960 taps took 0.83-0.98 of the time; 14x14 (gain 1.06) of
-80-256 taps 0.94-0.99, of 64 taps 1.03; 13x13, 28x28 and 56x56 (gain 1.0-1.02) of 256-512 taps
-0.90-0.97, of 16-128 taps 1.04-1.17."""
+that deep products hide. Measured on 1x1 layers, one thread, AVX-512, on an AMD Zen 5: 7x7 (gain
+1.23) of 64-960 taps took 0.83-0.98 of the time; 14x14 (gain 1.06) of 80-256 taps 0.94-0.99, of
+64 taps 1.03. Layers as full either way (13x13, 28x28, 56x56: gain 1.0-1.02) are not transposed:
+the transposed tile reads 12 positions of every row of a wide plane, rows 3-12 KiB apart, and on
+an Intel Xeon (AVX-512, 2 MiB L2) ResNet-50's such layers took 1.2-2.2 of the time of panels
+(whole model 0.92-0.94 without them), where on the Zen 5 they had taken 0.90-0.97."""
 
 
 def _filled(n: int, unit: int, last: int) -> float:
