@@ -73,16 +73,18 @@ def pack_filter_strips(w: np.ndarray, group: int = 1) -> np.ndarray:
     return np.concatenate([pack_strips(part.reshape(part.shape[0], -1).T) for part in np.split(w, group)])
 
 
-LANES_RULES = ((1.2, 32), (1.05, 96))
+LANES_RULES = ((1.2, 32),)
 """(gain, taps) pairs: a layer is packed with the filters in the vector lanes when its tiles are
 filled at least `gain` times better so (filter_lanes) and it has at least `taps` rows (C / G * KH
 * KW) for one of them: the transposed tile's sums go back through transposes, a cost per tile
-that deep products hide. Measured on 1x1 layers, one thread, AVX-512, on an AMD Zen 5: 7x7 (gain
-1.23) of 64-960 taps took 0.83-0.98 of the time; 14x14 (gain 1.06) of 80-256 taps 0.94-0.99, of
-64 taps 1.03. Layers as full either way (13x13, 28x28, 56x56: gain 1.0-1.02) are not transposed:
-the transposed tile reads 12 positions of every row of a wide plane, rows 3-12 KiB apart, and on
-an Intel Xeon (AVX-512, 2 MiB L2) ResNet-50's such layers took 1.2-2.2 of the time of panels
-(whole model 0.92-0.94 without them), where on the Zen 5 they had taken 0.90-0.97."""
+that deep products hide, and it reads 12 positions of every row of the plane, a row of the plane
+apart. Measured on 1x1 layers, one thread, AVX-512, on an AMD Zen 5: 7x7 (gain 1.23) of 64-960
+taps took 0.83-0.98 of the time, 14x14 (gain 1.06) of 80-256 taps 0.94-0.99, and layers as full
+either way (13x13, 28x28, 56x56) of 256-512 taps 0.90-0.97. On an Intel Xeon (AVX-512, 2 MiB L2)
+only the 7x7 layers held even (0.93-1.08 in ResNet-50); its 14x14 layers took up to 1.2 of the
+time of panels at two threads, and its 28x28 and 56x56 ones 1.2-2.2 at one. With only the 7x7
+rule, whole models there took 0.89 / 0.92 of the time at one / two threads (resnet50),
+0.90 / 0.87 (densenet121), 0.94 / 0.88 (inception_v2), 0.94 / 0.92 (squeezenet)."""
 
 
 def _filled(n: int, unit: int, last: int) -> float:
