@@ -191,17 +191,18 @@ def test_packed_conv_matches_reference(native, monkeypatch, n, c, f, h, w, k, st
 
 
 @pytest.mark.parametrize("c, k, stride, pads", [(60, 3, 1, [1, 1, 1, 1]), (100, 3, 2, [0, 1, 1, 0]),
-                                                (600, 1, 1, [0, 0, 0, 0]), (1500, 1, 1, [0, 0, 0, 0])])
+                                                (600, 1, 1, [0, 0, 0, 0]), (6000, 1, 1, [0, 0, 0, 0])])
 @pytest.mark.parametrize("act", ["Clip", None])
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("filters", [40, 140])
 @pytest.mark.parametrize("lanes", [False, True], ids=["panels", "lanes"])
 def test_long_products_keep_bias_residual_and_activation(native, monkeypatch, c, k, stride, pads, act, threads,
                                                          filters, lanes):
-    """Products over more rows (C * KH * KW, 540 to 1500) than the property test reaches, with a
+    """Products over more rows (C * KH * KW, 540 to 6000) than the property test reaches, with a
     partial strip at the end (99 positions); up to 600 rows the columns fit the GEMM's whole pass
-    (OMRT_B_IN_L2): every whole strip read in place; at 1500, 40 filters still read them in place
-    and 140 (more than the GEMM's in-place rows) copy every strip, a block at a time; with the
+    on an L2 of 512 KiB or more (omrt_b_in_l2): every whole strip read in place; at 6000, past the most any L2 is
+    given (OMRT_B_IN_L2_MOST), 40 filters still read them in place and 140 (more than the GEMM's
+    in-place rows) copy every strip, a block at a time; with the
     filters in the lanes, 99 positions are 8 whole panels read in place and 3 copied, and 40 or 140
     filters end in a partial strip; once into y and once over the residual (the plan's
     PackedResidualConv.inplace)."""

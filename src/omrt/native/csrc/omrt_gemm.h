@@ -15,6 +15,7 @@
 #define OMRT_GEMM_H
 
 #include <stdlib.h>
+#include <unistd.h>
 
 #include "omrt_native.h"
 
@@ -334,12 +335,29 @@ static OMRT_INLINE void omrt_prefetch_columns(const float *x, int64_t ld, int64_
  * of the time, 128 filters 0.91-0.98; from 256 filters on, the copy paid for itself. */
 #define OMRT_IN_PLACE_ROWS (11 * OMRT_PANEL)
 
-/* Products whose b spans at most this many floats (K rows at its pitch) read its whole strips
- * where it lies and take all its columns at once: b then stays in L2 while every panel streams
- * past it once. Taken a block at a time instead, each panel of weights is read again for every
- * block, from L3 or memory when a layer's weights are not in cache: 1000 filters x 512 taps over
- * a 13x13 layer's 169 columns, weights out of cache, took 0.94 of the time of blocks of 32. */
+/* Products whose b spans at most an eighth of this core's L2 in floats (half of it in bytes: K
+ * rows at its pitch) read its whole strips where it lies and take all its columns at once: b then
+ * stays in L2 while every panel streams past it once. Taken a block at a time instead, each panel
+ * of weights is read again for every block, from L3 or memory when a layer's weights are not in
+ * cache: on a Zen 5 (1 MiB L2), 1000 filters x 512 taps over a 13x13 layer's 169 columns, weights
+ * out of cache, took 0.94 of the time of blocks of 32; on an Intel Xeon (2 MiB L2), half its L2
+ * instead of a quarter took ResNet-50 and squeezenet at two threads 0.95 of the time. At most
+ * OMRT_B_IN_L2_MOST floats; OMRT_B_IN_L2 where the C library does not say. */
 #define OMRT_B_IN_L2 (128 * 1024)
+#define OMRT_B_IN_L2_MOST (512 * 1024)
+
+/* The floats of b taken whole (see OMRT_B_IN_L2), read once per unit. */
+static inline int64_t omrt_b_in_l2(void) {
+    static int64_t floats = 0;
+    if (floats == 0) {
+        long bytes = -1;
+#ifdef _SC_LEVEL2_CACHE_SIZE
+        bytes = sysconf(_SC_LEVEL2_CACHE_SIZE);
+#endif
+        floats = bytes <= 0 ? OMRT_B_IN_L2 : bytes / 8 < OMRT_B_IN_L2_MOST ? bytes / 8 : OMRT_B_IN_L2_MOST;
+    }
+    return floats;
+}
 
 /* c (rows [m0, m1) of the output, n columns, pitch ldc) = rows [m0, m1) of the packed weights
  * `panels` (K columns; m0 a multiple of OMRT_PANEL) times b (K x n, pitch ldb), bias (per row,
@@ -347,7 +365,7 @@ static OMRT_INLINE void omrt_prefetch_columns(const float *x, int64_t ld, int64_
  * columns at a time (a multiple of OMRT_MAX_NR), and each panel is multiplied by every strip of
  * the block while it is in L1: strips are copied into `scratch` (K * block floats), except the
  * whole strips of a product of at most OMRT_IN_PLACE_ROWS rows, which the tile reads in place.
- * A b of at most OMRT_B_IN_L2 floats is taken whole, its whole strips read in place (only its
+ * A b of at most omrt_b_in_l2() floats is taken whole, its whole strips read in place (only its
  * last, partial strip copied). With `fetch_b`, each block also asks for the next block's columns
  * of b: for a b that lies where no cache holds it (a layer's input); columns just gathered into a
  * buffer are near already, and asking again for them took 6-8% of a 7x7 stem's time. */
@@ -355,7 +373,7 @@ static inline void omrt_panel_gemm(const float *panels, int64_t K, int64_t m0, i
                                    int64_t ldb, int64_t n, float *c, int64_t ldc, const omrt_epilogue *e,
                                    float *scratch, int64_t block, int fetch_b) {
     const omrt_gemm_kind kind = omrt_gemm_pick();
-    const int whole = K * ldb <= OMRT_B_IN_L2;
+    const int whole = K * ldb <= omrt_b_in_l2();
     const int64_t span = whole ? n : block; /* columns per pass */
     for (int64_t p = 0; p < n; p += span) {
         const int64_t w = n - p < span ? n - p : span;
