@@ -104,13 +104,17 @@ BANDS = [pool.BAND_FLOATS, 160, 64, 0]
 and too little for one (the row path)."""
 
 
-@pytest.fixture(params=[True, False], ids=["16 planes at a time", "plane by plane"])
+@pytest.fixture(params=["register", "lanes", "planes"],
+                ids=["a row in a register", "16 planes at a time", "plane by plane"])
 def lanes(request, monkeypatch):
-    """Narrow planes (all of these tests') asked to pool 16 at a time (taken on AVX-512 CPUs), or
-    plane by plane."""
-    if not request.param:
+    """Narrow planes (all of these tests', at most 12 wide) asked to pool each row in one register
+    or 16 planes at a time (both taken on AVX-512 CPUs), or plane by plane: whether the pool is
+    asked for 16 planes at a time (which the register path also says, and takes first)."""
+    if request.param != "register":
+        monkeypatch.setattr(pool, "REGISTER_ROW", 0)
+    if request.param == "planes":
         monkeypatch.setattr(pool, "NARROW_ROW", 0)
-    return request.param
+    return request.param != "planes"
 
 
 @pytest.mark.parametrize("threads", [1, 2], indirect=True)
@@ -165,6 +169,25 @@ def test_max_pool_propagates_nan_like_numpy(native, lanes, band_floats, stride, 
     attrs = {"kernel_shape": [3, 3], "strides": [stride, stride], "pads": [1, 1, 1, 1]}
     got = agree("MaxPool", [x], attrs, native)
     assert all(np.isnan(got[0, 0, r, c]) for r, c in nans) and np.isnan(got).sum() == len(nans)
+
+
+@pytest.mark.parametrize("threads", [1, 2], indirect=True)
+@pytest.mark.parametrize("op", ["MaxPool", "AveragePool"])
+@pytest.mark.parametrize("width, window, stride, pads", [
+    (16, 3, 1, [1, 1, 1, 1]), (16, 3, 2, [0, 0, 1, 1]), (15, 5, 1, [2, 2, 2, 2]), (16, 16, 1, [0, 0, 0, 0]),
+    (14, 2, 2, [0, 0, 0, 0]), (17, 3, 1, [1, 1, 1, 1])])
+def test_pools_over_planes_of_up_to_16_columns_take_a_register_per_row(native, threads, op, width, window, stride,
+                                                                        pads):
+    """The register path's edges: rows of 16 columns and 16 outputs (all lanes), a window as wide
+    as the row, padding on both sides, stride 2, 3x3 and other windows (its unrolled and generic
+    loops); 17 columns do not fit and go another way. A NaN wins every max window it falls in."""
+    x = randn(1, 20, 9, width)
+    x[0, 3, 4, 5] = np.nan
+    attrs = {"kernel_shape": [3, window], "strides": [stride, stride], "pads": pads}
+    kernel = _kernel(op, x, None, attrs, native)
+    assert (kernel._path(op == "MaxPool") == 3) is (width <= pool.REGISTER_ROW)
+    got = agree(op, [x], attrs, native)
+    assert np.isnan(got[0, 3]).any() and not np.isnan(np.delete(got, 3, axis=1)).any()
 
 
 @pytest.mark.parametrize("band_floats", BANDS)

@@ -115,11 +115,12 @@ POOL2D = Function(
      Array("scratch", "pitch * min(threads, planes)", write=True, scratch=True),
      Int("pitch"), Int("threads", 1), Int("planes"), Int("H"), Int("W"), Int("OH"), Int("OW"),
      *_window(Int("is_max"), Int("path"))),
-    requires=("pitch >= W", _TAPS, "is_max <= 1", "path <= 2"))
-"""Max or average pools of 2-d planes: with `lanes` on an AVX-512 CPU, 16 planes at a time in
-bands of output rows when `pitch` holds one (omrt.kernels.pool.pool_lanes_floats); else in a
-few flat passes over a padded plane when `pitch` holds one (omrt.kernels.pool.pool_plane_floats),
-else row by row."""
+    requires=("pitch >= W", _TAPS, "is_max <= 1", "path <= 3"))
+"""Max or average pools of 2-d planes: on an AVX-512 CPU, with `path` 3 each row of planes at most
+16 wide in one register, with 2 a max pool's rows through their column maxima, with 1 16 planes
+at a time in bands of output rows when `pitch` holds one (omrt.kernels.pool.pool_lanes_floats);
+else in a few flat passes over a padded plane when `pitch` holds one
+(omrt.kernels.pool.pool_plane_floats), else row by row."""
 
 GLOBAL_POOL = Function("pool", "omrt_global_pool_f32",
                        (Array("x", "planes * size"), Array("y", "planes", write=True), Int("planes", 1),

@@ -396,6 +396,73 @@ OMRT_AVX512 static void vector_part(void *p, int64_t item, int64_t thread) {
     }
 }
 
+/* Planes at most this wide, with rows of at most this many outputs, can pool each row in one
+ * register (register_part). */
+#define REGISTER_ROW OMRT_LANES
+
+/* Whether a pool can take the register path: its planes' rows, its output rows and its windows'
+ * width fit one vector. Which pools ask for it: omrt.kernels.pool (REGISTER_ROW). */
+static inline int register_path(const pool_job *j) {
+    return j->W <= REGISTER_ROW && j->OW <= REGISTER_ROW && j->KW <= REGISTER_ROW;
+}
+
+/* One tap: the sum, or the max, which a NaN in either operand wins (numpy's maximum). */
+OMRT_AVX512 static OMRT_INLINE __m512 register_step(__m512 acc, __m512 v, int is_max) {
+    if (!is_max) return _mm512_add_ps(acc, v);
+    const __m512 top = _mm512_max_ps(acc, v); /* v when either is a NaN */
+    return _mm512_mask_mov_ps(top, _mm512_cmp_ps_mask(acc, acc, _CMP_UNORD_Q), acc);
+}
+
+/* The planes of part `item`, each output row in one register: the window's KH input rows (each
+ * one masked load) pooled lane by lane, then its KW taps along the row picked by permutes
+ * (`at[kw]`, lanes outside the plane off in `valid[kw]`), averages scaled by their divisors. */
+OMRT_AVX512 static OMRT_INLINE void register_planes(const pool_job *j, int64_t item, const __m512i *at,
+                                                    const __mmask16 *valid, int is_max, int64_t KH, int64_t KW) {
+    const __m512 fill = _mm512_set1_ps(is_max ? -INFINITY : 0.0f);
+    const __mmask16 row = omrt_lane_mask(0, j->W), out = omrt_lane_mask(0, j->OW);
+    for (int64_t p = omrt_part(j->planes, j->parts, item); p < omrt_part(j->planes, j->parts, item + 1); p++) {
+        const float *xp = j->x + p * j->H * j->W;
+        float *yp = j->y + p * j->OH * j->OW;
+        for (int64_t oh = 0; oh < j->OH; oh++) {
+            __m512 rows = fill, taps = fill;
+            for (int64_t kh = 0; kh < KH; kh++) {
+                const int64_t ih = oh * j->SH + kh * j->DH - j->PT;
+                if (ih >= 0 && ih < j->H)
+                    rows = register_step(rows, _mm512_mask_loadu_ps(fill, row, xp + ih * j->W), is_max);
+            }
+            for (int64_t kw = 0; kw < KW; kw++)
+                taps = register_step(taps, _mm512_mask_permutexvar_ps(fill, valid[kw], at[kw], rows), is_max);
+            if (!is_max) taps = _mm512_mul_ps(taps, _mm512_maskz_loadu_ps(out, j->inv_count + oh * j->OW));
+            _mm512_mask_storeu_ps(yp + oh * j->OW, out, taps);
+        }
+    }
+}
+
+/* Planes part `item` of a pool of the register path (register_path), with AVX-512. */
+OMRT_AVX512 static void register_part(void *p, int64_t item, int64_t thread) {
+    const pool_job *j = p;
+    (void)thread;
+    __m512i at[REGISTER_ROW];
+    __mmask16 valid[REGISTER_ROW];
+    for (int64_t kw = 0; kw < j->KW; kw++) {
+        int32_t column[REGISTER_ROW] = {0};
+        valid[kw] = 0;
+        for (int64_t o = 0; o < j->OW; o++) {
+            const int64_t c = o * j->SW + kw * j->DW - j->PL;
+            if (c >= 0 && c < j->W) {
+                column[o] = (int32_t)c;
+                valid[kw] |= (__mmask16)(1u << o);
+            }
+        }
+        at[kw] = _mm512_loadu_si512(column);
+    }
+    const int square3 = j->KH == 3 && j->KW == 3; /* most windows: their loops unrolled */
+    if (j->is_max)
+        square3 ? register_planes(j, item, at, valid, 1, 3, 3) : register_planes(j, item, at, valid, 1, j->KH, j->KW);
+    else
+        square3 ? register_planes(j, item, at, valid, 0, 3, 3) : register_planes(j, item, at, valid, 0, j->KH, j->KW);
+}
+
 #endif
 
 /* Output columns [o0, o1) of a row from its input rows pooled in `pooled`, tap by tap, only the
@@ -476,9 +543,10 @@ static OMRT_HOT void pool_part(void *p, int64_t item, int64_t thread) {
 }
 
 /* y[p] = pool of x[p] for each of the `planes` planes, split over `threads` threads, on the path
- * asked for where the CPU has AVX-512 (elsewhere `path` is ignored). With `path` 2, a max pool
- * whose geometry allows (vector_path) goes row by row, each row's column maxima over its window's
- * rows first (vector_part). With `path` 1, planes go 16 at a time in bands of output rows
+ * asked for where the CPU has AVX-512 (elsewhere `path` is ignored). With `path` 3, planes whose
+ * rows fit a vector (register_path) go row by row, each in one register (register_part). With
+ * `path` 2, a max pool whose geometry allows (vector_path) goes row by row, each row's column
+ * maxima over its window's rows first (vector_part). With `path` 1, planes go 16 at a time in bands of output rows
  * (lanes_part), the widest whose pool_lanes_floats `pitch` holds. Otherwise, or where `pitch`
  * does not hold one row of those, planes pool in bands of output rows, each in a few flat passes
  * over a padded copy (pool_plane), the widest band whose pool_plane_floats `pitch` holds; where
@@ -494,6 +562,10 @@ OMRT_EXPORT void omrt_pool2d_f32(const float *x, float *y, const float *inv_coun
     pool_job j = {x, inv_count, y, scratch, planes, threads < planes ? threads : planes, pitch, H, W, OH, OW, KH,
                   KW, SH, SW, DH, DW, PT, PL, is_max, 0};
 #ifdef OMRT_X86
+    if (path == 3 && register_path(&j) && omrt_gemm_level_once() == 2) {
+        omrt_parallel(register_part, &j, j.parts, threads);
+        return;
+    }
     if (path == 2 && vector_path(&j) && omrt_gemm_level_once() == 2) {
         omrt_parallel(vector_part, &j, j.parts, threads);
         return;
