@@ -139,6 +139,12 @@ OTHER_PATHS = [
     # the last ones past the row masked, 25 outputs a masked store; two planes on two threads
     (bindings.POOL2D, [_f32(2, 5, 50), _f32(2, 3, 25), None, _f32(100), 50, 2, 2, 5, 50, 3, 25, 3, 3, 2, 2, 1, 1,
                        1, 1, 1, 2]),
+    # a row in a register (AVX-512): rows of all 16 lanes averaged, 3x3 padded, the divisors read
+    # per output row; then 7-wide rows, the max at stride 2 into 4 outputs; over two threads
+    (bindings.POOL2D, [_f32(4, 6, 16), _f32(4, 6, 16), _f32(96), _f32(32), 16, 2, 4, 6, 16, 6, 16, 3, 3, 1, 1, 1, 1,
+                       1, 1, 0, 3]),
+    (bindings.POOL2D, [_f32(3, 7, 7), _f32(3, 4, 4), None, _f32(14), 7, 2, 3, 7, 7, 4, 4, 3, 3, 2, 2, 1, 1, 1, 1,
+                       1, 3]),
     # a 1x1 layer of 64 positions: the tile reads both strips of 32 columns in place, the last one
     # ending at x's last float
     (bindings.PCONV2D, [_f32(1, 4, 8, 8), _f32(1, 4, 12), _f32(5), _f32(1, 5, 8, 8), _f32(1, 5, 8, 8), _f32(1),
@@ -242,7 +248,7 @@ BROKEN_RULES = [
     (bindings.GELU, 4, 101, r"x must hold n = 101 floats"),
     (bindings.GELU, 5, 0, r"threads must be an integer >= 1"),
     (bindings.POOL2D, 17, -1, r"PT must be an integer >= 0"),
-    (bindings.POOL2D, 20, 3, r"requires path <= 2"),
+    (bindings.POOL2D, 20, 4, r"requires path <= 3"),
     (bindings.BINARY, 3, 8, r"requires op <= 7"),
     (bindings.BINARY, 7, 2, r"requires b_cols == 1 or b_cols == inner"),
     (bindings.BINARY, 4, 5, r"a must hold rows \* inner = 120 floats"),
