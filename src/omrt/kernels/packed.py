@@ -81,7 +81,7 @@ that deep products hide, and it reads 12 positions of every row of the plane, a 
 apart. Measured on 1x1 layers, one thread, AVX-512, on an AMD Zen 5: 7x7 (gain 1.23) of 64-960
 taps took 0.83-0.98 of the time, 14x14 (gain 1.06) of 80-256 taps 0.94-0.99, and layers as full
 either way (13x13, 28x28, 56x56) of 256-512 taps 0.90-0.97. On an Intel Xeon (AVX-512, 2 MiB L2)
-only the 7x7 layers held even (0.93-1.08 in ResNet-50); its 14x14 layers took up to 1.2 of the
+only the 7x7 layers held about even (0.87-1.08 in ResNet-50); its 14x14 layers took up to 1.2 of the
 time of panels at two threads, and its 28x28 and 56x56 ones 1.2-2.2 at one. With only the 7x7
 rule, whole models there took 0.89 / 0.92 of the time at one / two threads (resnet50),
 0.90 / 0.87 (densenet121), 0.94 / 0.88 (inception_v2), 0.94 / 0.92 (squeezenet)."""
