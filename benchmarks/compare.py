@@ -424,8 +424,8 @@ def main(argv=None) -> int:
 
     models = [m.strip() for m in args.models.split(",") if m.strip()] if args.models else default_models()
     machine = host()
-    print(f"host: {machine['cpu']}, {machine['isa']}, {os.cpu_count()} CPUs; numpy's OpenBLAS runs its "
-          f"{machine['blas_core']} kernels")
+    print(f"host: {machine['cpu']}, {machine['isa']}, L2 {machine['l2']} per core, {os.cpu_count()} CPUs; numpy's "
+          f"OpenBLAS runs its {machine['blas_core']} kernels")
     print(f"omrt vs ONNX Runtime: {len(models)} models, threads {args.threads}, {args.runs} timed runs "
           f"(budget {args.budget:g} s per variant), {args.warmup} warm-up runs, blocks of {args.block} "
           f"{args.settle:g} s apart" + (f"; beside a neighbour busy {busy[0]:g} ms in every {busy[1]:g} ms on the "

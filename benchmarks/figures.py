@@ -57,12 +57,25 @@ def cpu_isa() -> str:
     return "unknown"
 
 
+def l2_size() -> str:
+    """One core's L2 as the C library tells it ("2 MiB"), which omrt's GEMM sizes its passes by
+    (csrc/omrt_gemm.h, omrt_b_in_l2), or "unknown"."""
+    try:  # Python's os.sysconf does not know the name; getconf asks the C library's sysconf
+        out = subprocess.run(["getconf", "LEVEL2_CACHE_SIZE"], capture_output=True, text=True, timeout=10)
+        size = int(out.stdout.strip() or 0)
+    except (OSError, ValueError, subprocess.SubprocessError):
+        size = 0
+    if size <= 0:
+        return "unknown"
+    return f"{size >> 20} MiB" if size % (1 << 20) == 0 else f"{size >> 10} KiB"
+
+
 def host() -> dict[str, str]:
-    """The CPU, its vector ISA, and the kernels numpy's OpenBLAS chose for it: what decides the
-    BLAS's summation order and speed on this host."""
+    """The CPU, its vector ISA, one core's L2, and the kernels numpy's OpenBLAS chose for it: what
+    decides the BLAS's summation order and both runtimes' blocking on this host."""
     from omrt.native.blas import openblas
 
-    return {"cpu": cpu_name(), "isa": cpu_isa(), "blas_core": openblas().core or "not OpenBLAS"}
+    return {"cpu": cpu_name(), "isa": cpu_isa(), "l2": l2_size(), "blas_core": openblas().core or "not OpenBLAS"}
 
 
 def write_results(path: str | None, cpu: dict, runs: int, results: object) -> None:

@@ -24,12 +24,24 @@ def bench(script: str, *args: str, timeout: int = 300) -> subprocess.CompletedPr
     return proc
 
 
+def _l2_sizes() -> set[str]:
+    """The sizes (as "2048K") of the level-2 caches Linux describes for CPU 0."""
+    root = "/sys/devices/system/cpu/cpu0/cache"
+    names = os.listdir(root) if os.path.isdir(root) else []
+    read = lambda index, field: open(os.path.join(root, index, field)).read().strip()
+    return {read(i, "size") for i in names if i.startswith("index") and read(i, "level") == "2"}
+
+
 def test_compare_runs_on_squeezenet(tmp_path):
     out = tmp_path / "compare.json"
     proc = bench("compare.py", "--models", "squeezenet", "--runs", "2", "--warmup", "1", "--threads", "1",
                  "--json", str(out), timeout=120)
     assert "squeezenet" in proc.stdout and "geometric mean" in proc.stdout
     doc = json.loads(out.read_text())
+    assert f"L2 {doc['l2']} per core" in proc.stdout
+    if doc["l2"] != "unknown":  # the C library's figure, as the kernel's cache description gives it
+        number, unit = doc["l2"].split()
+        assert f"{int(number) << {'KiB': 10, 'MiB': 20}[unit] >> 10}K" in _l2_sizes()
     (res,) = doc["results"]
     rec = res["threads"]["1"]
     for variant in ("omrt", "ort_run", "ort_iobinding"):
