@@ -341,7 +341,8 @@ static OMRT_INLINE void omrt_prefetch_columns(const float *x, int64_t ld, int64_
  * of weights is read again for every block, from L3 or memory when a layer's weights are not in
  * cache: on a Zen 5 (1 MiB L2), 1000 filters x 512 taps over a 13x13 layer's 169 columns, weights
  * out of cache, took 0.94 of the time of blocks of 32; on an Intel Xeon (2 MiB L2), half its L2
- * instead of a quarter took ResNet-50 and squeezenet at two threads 0.95 of the time. At most
+ * instead of a quarter took ResNet-50 0.94-0.98 of the time at one thread and squeezenet
+ * 0.97-0.99, models at two threads 0.95-1.01 (two runs). At most
  * OMRT_B_IN_L2_MOST floats; OMRT_B_IN_L2 where the C library does not say. */
 #define OMRT_B_IN_L2 (128 * 1024)
 #define OMRT_B_IN_L2_MOST (512 * 1024)

@@ -546,8 +546,8 @@ static OMRT_HOT void pool_part(void *p, int64_t item, int64_t thread) {
  * asked for where the CPU has AVX-512 (elsewhere `path` is ignored). With `path` 3, planes whose
  * rows fit a vector (register_path) go row by row, each in one register (register_part). With
  * `path` 2, a max pool whose geometry allows (vector_path) goes row by row, each row's column
- * maxima over its window's rows first (vector_part). With `path` 1, planes go 16 at a time in bands of output rows
- * (lanes_part), the widest whose pool_lanes_floats `pitch` holds. Otherwise, or where `pitch`
+ * maxima over its window's rows first (vector_part). With `path` 1, planes go 16 at a time in
+ * bands of output rows (lanes_part), the widest whose pool_lanes_floats `pitch` holds. Otherwise, or where `pitch`
  * does not hold one row of those, planes pool in bands of output rows, each in a few flat passes
  * over a padded copy (pool_plane), the widest band whose pool_plane_floats `pitch` holds; where
  * not even one row fits (pitch is at least W), one output row at a time: the rows its windows
