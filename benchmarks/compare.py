@@ -3,6 +3,7 @@
     python benchmarks/compare.py                                  # the whole suite, 1 and 2 threads
     python benchmarks/compare.py --models squeezenet,mlp --runs 50 --threads 1 --json out.json --png out.png
     python benchmarks/compare.py --models squeezenet --neighbour 2/10   # beside a process busy 2 ms in every 10
+    python benchmarks/compare.py --hide-avx512                    # as on an AVX2 host (hide_avx512.py)
 
 The suite: the nine light models the onnx package ships (their architectures, with weights redrawn
 by `omrt.zoo.redrawn`, seeded, so that the output check means something), four real
@@ -29,6 +30,11 @@ of runs for slow models (the count actually made is reported).
 `--neighbour BUSY/PERIOD` times both runtimes beside another process, pinned to the last CPU the
 worker may use, that keeps it busy BUSY ms in every PERIOD ms (a host's other tenants, made to
 order): how much each runtime loses when a core it splits its layers over is lent out now and then.
+
+`--hide-avx512` starts each worker through hide_avx512.py: on an AVX-512 host, numpy, OpenBLAS, ORT's
+MLAS and omrt's kernels all see the CPU without AVX-512 and pick the kernels they run on an AVX2
+host. Each worker reports what it saw (numpy's AVX512F, OpenBLAS's kernels, omrt's GEMM tile), and
+the header says the view was hidden.
 """
 
 from __future__ import annotations
@@ -46,6 +52,7 @@ from typing import Iterator
 
 from architectures import MODELS as REAL_MODELS
 from figures import host
+from hide_avx512 import cpuid_answers
 from omrt import bench
 
 LIGHT = ["bvlc_alexnet", "densenet121", "inception_v1", "inception_v2", "resnet50", "shufflenet",
@@ -276,6 +283,22 @@ def neighbour(spec: tuple[float, float] | None) -> Iterator[dict | None]:
         proc.wait()
 
 
+def cpu_view(target: bench.Target) -> dict:
+    """What the libraries in this worker took the CPU to be: numpy's AVX512F, the kernels
+    numpy's OpenBLAS runs, omrt's GEMM tile, and how many CPUIDs were answered with AVX-512
+    hidden (None when it was not)."""
+    from numpy._core._multiarray_umath import __cpu_features__
+
+    from omrt.kernels.packed import gemm_tile
+    from omrt.native.blas import openblas
+
+    native = target.session.model.native
+    tile = gemm_tile(native) if native is not None else None
+    return {"numpy_avx512f": bool(__cpu_features__.get("AVX512F")), "blas_core": openblas().core,
+            "omrt_tile": {2: "AVX-512", 1: "AVX2", 0: "C", None: "none (no native library)"}[tile],
+            "cpuid_hidden": cpuid_answers()}
+
+
 def measure(name: str, threads: list[int], runs: int, warmup: int, block: int, budget: float,
             settle: float, busy: tuple[float, float] | None = None) -> dict:
     """Compile `name`, then time omrt and ORT at each thread count (beside a busy neighbour when
@@ -292,6 +315,7 @@ def measure(name: str, threads: list[int], runs: int, warmup: int, block: int, b
         except omrt.OmrtError as e:
             return {**out, "error": f"omrt: {type(e).__name__}: {e}"}
         out.update(bench.describe(target))
+        out["cpu_view"] = cpu_view(target)
         with neighbour(busy) as beside:
             out["threads"] = {str(n): bench.measure_threads(target, n, runs, warmup, block, budget, settle)
                               for n in threads}
@@ -302,13 +326,21 @@ def measure(name: str, threads: list[int], runs: int, warmup: int, block: int, b
 
 # ---------------------------------------------------------------------------------- the parent
 
+def seen(view: dict) -> str:
+    """A worker's `cpu_view` in words."""
+    hidden = "" if view["cpuid_hidden"] is None else f", AVX-512 hidden ({view['cpuid_hidden']} CPUIDs answered)"
+    return (f"numpy AVX512F {'on' if view['numpy_avx512f'] else 'off'}, OpenBLAS {view['blas_core']} kernels, "
+            f"omrt tile {view['omrt_tile']}{hidden}")
+
+
 def geomean(xs: list[float]) -> float:
     xs = [x for x in xs if x and x > 0 and math.isfinite(x)]
     return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
 
 
 def spawn(name: str, args: argparse.Namespace) -> dict:
-    cmd = [sys.executable, os.path.abspath(__file__), "--worker", name, "--runs", str(args.runs),
+    hide = [os.path.join(os.path.dirname(os.path.abspath(__file__)), "hide_avx512.py")] if args.hide_avx512 else []
+    cmd = [sys.executable, *hide, os.path.abspath(__file__), "--worker", name, "--runs", str(args.runs),
            "--warmup", str(args.warmup), "--block", str(args.block), "--budget", str(args.budget),
            "--settle", str(args.settle),
            "--threads", ",".join(map(str, args.threads))] + (["--neighbour", args.neighbour] if args.neighbour else [])
@@ -406,6 +438,9 @@ def main(argv=None) -> int:
     ap.add_argument("--neighbour", metavar="BUSY/PERIOD",
                     help="time both runtimes beside a process that keeps the last CPU busy BUSY ms in every "
                          "PERIOD ms (e.g. 2/10)")
+    ap.add_argument("--hide-avx512", action="store_true",
+                    help="run every worker with AVX-512 hidden from it (hide_avx512.py): both runtimes as on "
+                         "an AVX2 host")
     ap.add_argument("--json", metavar="FILE", help="write every figure here")
     ap.add_argument("--png", metavar="FILE", help="draw the ratios here")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
@@ -424,8 +459,12 @@ def main(argv=None) -> int:
 
     models = [m.strip() for m in args.models.split(",") if m.strip()] if args.models else default_models()
     machine = host()
-    print(f"host: {machine['cpu']}, {machine['isa']}, L2 {machine['l2']} per core, {os.cpu_count()} CPUs; numpy's "
-          f"OpenBLAS runs its {machine['blas_core']} kernels")
+    if args.hide_avx512:
+        print(f"host: {machine['cpu']}, {machine['isa']} hidden from the workers (hide_avx512.py: they run as on an "
+              f"AVX2 host), L2 {machine['l2']} per core, {os.cpu_count()} CPUs")
+    else:
+        print(f"host: {machine['cpu']}, {machine['isa']}, L2 {machine['l2']} per core, {os.cpu_count()} CPUs; "
+              f"numpy's OpenBLAS runs its {machine['blas_core']} kernels")
     print(f"omrt vs ONNX Runtime: {len(models)} models, threads {args.threads}, {args.runs} timed runs "
           f"(budget {args.budget:g} s per variant), {args.warmup} warm-up runs, blocks of {args.block} "
           f"{args.settle:g} s apart" + (f"; beside a neighbour busy {busy[0]:g} ms in every {busy[1]:g} ms on the "
@@ -446,6 +485,7 @@ def main(argv=None) -> int:
               f"({time.perf_counter() - t:.0f} s)", flush=True)
     text, summary = table(results, args.threads)
     print(text)
+    print("\nthe workers saw: " + "; ".join(sorted({seen(r["cpu_view"]) for r in results if "cpu_view" in r})))
     load_after = os.getloadavg() if hasattr(os, "getloadavg") else None
     if load_before and load_after:
         print(f"\n{os.cpu_count()} CPUs; load average (1 min) {load_before[0]:.2f} before, {load_after[0]:.2f} after: "

@@ -10,6 +10,8 @@ import sys
 import numpy as np
 import pytest
 
+from omrt.bench import matches
+
 pytest.importorskip("onnxruntime")
 pytest.importorskip("threadpoolctl")
 
@@ -183,3 +185,82 @@ def test_autofuse_benchmark_runs_both_models(tmp_path):
             rec = res[n]
             assert rec["check"]["fused_vs_unfused"] < 1e-5 and rec["check"]["fused_vs_ort"] < 1e-4, name
             assert rec["fused"]["runs"] == 2 and rec["unfused"]["median_ms"] > 0 and rec["ort"]["median_ms"] > 0
+
+
+def _cpu_flags() -> set[str]:
+    with open("/proc/cpuinfo") as f:
+        return set(next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), []))
+
+
+needs_cpuid_faulting = pytest.mark.skipif(
+    sys.platform != "linux" or os.uname().machine != "x86_64" or "cpuid_fault" not in _cpu_flags(),
+    reason="hiding AVX-512 needs Linux on x86-64 with CPUID faulting")
+
+SEEN = """
+import json, sys, threading
+import numpy as np
+from numpy._core._multiarray_umath import __cpu_features__ as numpy_features
+import omrt
+from omrt.kernels.packed import gemm_tile
+from omrt.native.blas import openblas
+from hide_avx512 import cpuid_answers
+seen = {}
+def import_in_a_thread():  # a thread started after the trap was set sees it too
+    import onnxruntime
+    seen["ort"] = onnxruntime.__version__
+thread = threading.Thread(target=import_in_a_thread)
+thread.start()
+thread.join()
+model = omrt.load(sys.argv[1], trust_kernels=True)
+print(json.dumps({"numpy": {k: bool(numpy_features[k]) for k in ("AVX512F", "AVX2", "FMA3")},
+                  "blas": openblas().core, "tile": gemm_tile(model.native), "answers": cpuid_answers(),
+                  "ort": seen["ort"]}))
+"""
+
+
+@needs_cpuid_faulting
+def test_hide_avx512_hides_it_from_every_library_and_keeps_avx2(tmp_path):
+    import onnx
+    from onnx import TensorProto, helper
+
+    import omrt
+
+    w = helper.make_tensor("w", TensorProto.FLOAT, [16, 8, 1, 1], np.ones(128, np.float32))
+    graph = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 32, 32])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 32, 32])], [w])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(tmp_path / "m.onnx"))
+    omrt.compile(str(tmp_path / "m.onnx"), str(tmp_path / "m.om"))
+    script = tmp_path / "seen.py"
+    script.write_text(SEEN)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([BENCH, os.environ.get("PYTHONPATH", "")])}
+    plain, hidden = (json.loads(subprocess.run([sys.executable, *launcher, str(script), str(tmp_path / "m.om")],
+                                               capture_output=True, text=True, timeout=120, env=env,
+                                               check=True).stdout.splitlines()[-1])
+                     for launcher in ([], [os.path.join(BENCH, "hide_avx512.py")]))
+    assert plain["answers"] is None and hidden["answers"] > 0
+    assert not hidden["numpy"]["AVX512F"] and hidden["tile"] < 2
+    assert hidden["blas"] not in ("SkylakeX", "Cooperlake", "SapphireRapids")
+    assert hidden["numpy"]["AVX2"] == plain["numpy"]["AVX2"] and hidden["numpy"]["FMA3"] == plain["numpy"]["FMA3"]
+    assert hidden["tile"] == min(plain["tile"], 1)
+
+
+@needs_cpuid_faulting
+def test_hide_avx512_leaves_other_faults_to_kill_the_process(tmp_path):
+    script = tmp_path / "crash.py"
+    script.write_text("import ctypes\nctypes.string_at(8)\n")  # reads address 8: a real segmentation fault
+    proc = subprocess.run([sys.executable, os.path.join(BENCH, "hide_avx512.py"), str(script)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == -11
+
+
+@needs_cpuid_faulting
+def test_compare_with_avx512_hidden_says_so_and_records_what_the_worker_saw(tmp_path):
+    out = tmp_path / "compare.json"
+    proc = bench("compare.py", "--models", "squeezenet", "--runs", "2", "--warmup", "1", "--threads", "1",
+                 "--hide-avx512", "--json", str(out), timeout=120)
+    assert "hidden from the workers" in proc.stdout and "AVX-512 hidden (" in proc.stdout
+    (res,) = json.loads(out.read_text())["results"]
+    view = res["cpu_view"]
+    assert view["cpuid_hidden"] > 0 and not view["numpy_avx512f"] and view["omrt_tile"] != "AVX-512"
+    assert matches(res["threads"]["1"])
