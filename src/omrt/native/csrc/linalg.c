@@ -71,11 +71,25 @@ static void pack_part(void *p, int64_t item, int64_t thread) {
     omrt_pack_rows(j->a, j->lda, j->M, j->K, item * OMRT_PANEL, j->panels + item * j->K * OMRT_PANEL);
 }
 
+/* Ask for the panel-th of P pieces of strip s into L2, for a tile narrower than a strip (AVX2),
+ * which reads a strip in passes over half its lines: each item fetches a piece of the strip the
+ * thread does next, so that weights coming from memory arrive ahead of it. In a MiniLM-style
+ * encoder on an Intel Xeon with AVX-512 hidden, its products took 0.92-0.97 of the time; with the
+ * AVX-512 tile, which reads each strip whole, alone in a C loop asking took 1.03-1.04 of it. */
+static void prefetch_strip_piece(const pmm_job *j, int64_t s, int64_t panel) {
+    if (s >= (j->N + OMRT_MAX_NR - 1) / OMRT_MAX_NR || omrt_gemm_pick().nr == OMRT_MAX_NR) return;
+    const int64_t lines = j->K * OMRT_MAX_NR * (int64_t)sizeof(float) / 64, piece = (lines + j->P - 1) / j->P;
+    const char *strip = (const char *)(j->strips + s * j->K * OMRT_MAX_NR);
+    for (int64_t line = panel * piece; line < (panel + 1) * piece && line < lines; line++)
+        __builtin_prefetch(strip + 64 * line, 0, 2);
+}
+
 /* Item (strip, panel), panels fastest: a thread's next item mostly reads the strip it just did. */
 static void strip_part(void *p, int64_t item, int64_t thread) {
     const pmm_job *j = p;
     (void)thread;
     const int64_t s = item / j->P, panel = item % j->P, part = s * OMRT_MAX_NR / j->part_cols;
+    prefetch_strip_piece(j, s + 1, panel);
     omrt_epilogue e = {NULL, j->bias, j->act, j->alpha, j->beta, NULL};
     /* the tile writes column n at c + n: shifted so that part p's columns land at its own start */
     float *c = j->c + part * (j->part_stride - j->part_cols);
