@@ -287,7 +287,10 @@ def cpu_view(target: bench.Target) -> dict:
     """What the libraries in this worker took the CPU to be: numpy's AVX512F, the kernels
     numpy's OpenBLAS runs, omrt's GEMM tile, and how many CPUIDs were answered with AVX-512
     hidden (None when it was not)."""
-    from numpy._core._multiarray_umath import __cpu_features__
+    try:
+        from numpy._core._multiarray_umath import __cpu_features__
+    except ImportError:  # numpy before 2.0
+        from numpy.core._multiarray_umath import __cpu_features__
 
     from omrt.kernels.packed import gemm_tile
     from omrt.native.blas import openblas

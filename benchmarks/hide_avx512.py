@@ -20,7 +20,6 @@ import os
 import runpy
 import subprocess
 import sys
-import sysconfig
 import tempfile
 
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hide_avx512.c")
@@ -28,20 +27,21 @@ GLIBC_HIDDEN = "glibc.cpu.hwcaps=-AVX512F,-AVX512CD,-AVX512BW,-AVX512DQ,-AVX512V
 """The C library chose its string functions before any of this process's code ran: they are
 chosen again, without AVX-512, by starting over with this tunable."""
 MARK = "OMRT_AVX512_HIDDEN"
-"""Set in the environment of a process that hides AVX-512 (so that it starts over only once, and
-so that what it runs can say what it measured on)."""
-
-
-def hidden() -> bool:
-    """Whether this process was started by this launcher (AVX-512 hidden from it)."""
-    return os.environ.get(MARK) == "1"
+"""Set in the environment of the process started over with GLIBC_HIDDEN, so that it starts over
+only once."""
 
 
 def build(folder: str) -> str:
-    """hide_avx512.c built as a shared library in `folder`; its path."""
+    """hide_avx512.c built as a shared library in `folder` by $CC (else cc); its path. (Not through
+    omrt's own build: importing omrt imports numpy, whose dispatch would see AVX-512 first.)"""
     lib = os.path.join(folder, "hide_avx512.so")
-    cc = os.environ.get("CC") or sysconfig.get_config_var("CC").split()[0] or "cc"
-    proc = subprocess.run([cc, "-O2", "-shared", "-fPIC", "-o", lib, SOURCE], capture_output=True, text=True)
+    cc = os.environ.get("CC") or "cc"
+    try:
+        proc = subprocess.run([*cc.split(), "-O2", "-shared", "-fPIC", "-o", lib, SOURCE], capture_output=True,
+                              text=True)
+    except FileNotFoundError:
+        raise SystemExit(f"hide_avx512: no C compiler {cc!r} to build {os.path.basename(SOURCE)} with: "
+                         f"set CC") from None
     if proc.returncode != 0:
         raise SystemExit(f"hide_avx512: building {os.path.basename(SOURCE)} with {cc} failed:\n{proc.stderr}")
     return lib
@@ -72,7 +72,7 @@ def cpuid_answers() -> int | None:
 def main() -> None:
     if len(sys.argv) < 2 or sys.argv[1] in ("-h", "--help"):
         raise SystemExit(__doc__)
-    if not hidden():
+    if os.environ.get(MARK) != "1":
         tunables = ":".join(filter(None, [os.environ.get("GLIBC_TUNABLES"), GLIBC_HIDDEN]))
         os.execve(sys.executable, [sys.executable, *sys.argv],
                   {**os.environ, "GLIBC_TUNABLES": tunables, MARK: "1"})

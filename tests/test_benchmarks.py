@@ -199,7 +199,10 @@ needs_cpuid_faulting = pytest.mark.skipif(
 SEEN = """
 import json, sys, threading
 import numpy as np
-from numpy._core._multiarray_umath import __cpu_features__ as numpy_features
+try:
+    from numpy._core._multiarray_umath import __cpu_features__ as numpy_features
+except ImportError:  # numpy before 2.0
+    from numpy.core._multiarray_umath import __cpu_features__ as numpy_features
 import omrt
 from omrt.kernels.packed import gemm_tile
 from omrt.native.blas import openblas

@@ -74,7 +74,7 @@ static void pack_part(void *p, int64_t item, int64_t thread) {
 /* Ask for the panel-th of P pieces of strip s into L2, for a tile narrower than a strip (AVX2),
  * which reads a strip in passes over half its lines: each item fetches a piece of the strip the
  * thread does next, so that weights coming from memory arrive ahead of it. In a MiniLM-style
- * encoder on an Intel Xeon with AVX-512 hidden, its products took 0.92-0.97 of the time; with the
+ * encoder on an Intel Xeon with AVX-512 hidden, its products took 0.92-0.98 of the time; with the
  * AVX-512 tile, which reads each strip whole, alone in a C loop asking took 1.03-1.04 of it. */
 static void prefetch_strip_piece(const pmm_job *j, int64_t s, int64_t panel) {
     if (s >= (j->N + OMRT_MAX_NR - 1) / OMRT_MAX_NR || omrt_gemm_pick().nr == OMRT_MAX_NR) return;
