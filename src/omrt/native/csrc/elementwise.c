@@ -38,6 +38,10 @@ typedef struct {
 #define GELU_HIGH 6144.0f
 #define GELU_ROUNDER 12582912.0f
 
+/* Each product and sum rounded on its own, as numpy rounds them (the library is built with
+ * -ffp-contract=fast, which would fuse them, even written as intrinsics, into one FMA). */
+#define GELU_EXACT __attribute__((optimize("fp-contract=off")))
+
 static int32_t gelu_rounder_bits(void) {
     const float rounder = GELU_ROUNDER;
     int32_t bits;
@@ -45,7 +49,7 @@ static int32_t gelu_rounder_bits(void) {
     return bits;
 }
 
-static void gelu_c(const gelu_job *j, int64_t lo, int64_t hi) {
+GELU_EXACT static void gelu_c(const gelu_job *j, int64_t lo, int64_t hi) {
     const int32_t rounder_bits = gelu_rounder_bits();
     for (int64_t i = lo; i < hi; i++) {
         const float x = j->x[i];
@@ -67,7 +71,7 @@ static void gelu_c(const gelu_job *j, int64_t lo, int64_t hi) {
 /* gelu_c 16 floats at a time, the table read by gathers (a scalar loop of two table reads per
  * float took 8-10% of a MiniLM encoder's run). max and min return their second operand, the
  * bound, for a NaN; the separate multiply and add give gelu_c's bits. */
-OMRT_AVX512 static void gelu_avx512(const gelu_job *j, int64_t lo, int64_t hi) {
+OMRT_AVX512 GELU_EXACT static void gelu_avx512(const gelu_job *j, int64_t lo, int64_t hi) {
     const __m512i first = _mm512_set1_epi32(gelu_rounder_bits() + (int32_t)GELU_LOW);
     const __m512 scale = _mm512_set1_ps(GELU_SCALE), low = _mm512_set1_ps(GELU_LOW);
     const __m512 high = _mm512_set1_ps(GELU_HIGH), rounder = _mm512_set1_ps(GELU_ROUNDER);
@@ -85,7 +89,7 @@ OMRT_AVX512 static void gelu_avx512(const gelu_job *j, int64_t lo, int64_t hi) {
 }
 
 /* gelu_avx512 8 floats at a time, the tail through gelu_c. */
-OMRT_AVX2 static void gelu_avx2(const gelu_job *j, int64_t lo, int64_t hi) {
+OMRT_AVX2 GELU_EXACT static void gelu_avx2(const gelu_job *j, int64_t lo, int64_t hi) {
     const __m256i first = _mm256_set1_epi32(gelu_rounder_bits() + (int32_t)GELU_LOW);
     const __m256 scale = _mm256_set1_ps(GELU_SCALE), low = _mm256_set1_ps(GELU_LOW);
     const __m256 high = _mm256_set1_ps(GELU_HIGH), rounder = _mm256_set1_ps(GELU_ROUNDER);
