@@ -773,12 +773,13 @@ def test_other_resizes_stay_on_numpy(native, scales, attrs):
 
 @pytest.mark.parametrize("threads", [1, 2, 3], indirect=True)
 @pytest.mark.parametrize("n,c,h,w,m,k", [(1, 16, 10, 10, 16, 2), (2, 3, 5, 7, 1, 2), (1, 5, 3, 300, 4, 3),
-                                         (1, 1, 1, 1, 2, 8)])
+                                         (1, 1, 1, 1, 2, 8), (2, 7, 3, 40, 3, 2), (1, 2, 2, 300, 2, 2)])
 @pytest.mark.parametrize("bias,act", [(True, {}), (False, {"_act": "Relu"}), (True, ACTS["Clip"]),
                                       (True, {"_act": "Sigmoid"})])  # the last applied by numpy after the loop
 def test_native_stride_k_convtranspose(native, threads, n, c, h, w, m, k, bias, act):
     """Kernel = stride (unpadded): the native loop against the numpy path and onnx.reference,
-    rows longer than its block of 256 pixels, one pixel, one filter, activations fused."""
+    rows longer than its block of 256 pixels, one pixel, one filter, activations fused; 2x2
+    kernels over rows of whole blocks of 16 pixels and a remainder (40, 300), and shorter ones."""
     x, wt = randn(n, c, h, w), randn(c, m, k, k)
     inputs = [x, wt] + ([randn(m)] if bias else [])
     attrs = {"kernel_shape": [k, k], "strides": [k, k]}

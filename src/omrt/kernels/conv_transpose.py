@@ -15,10 +15,10 @@ from typing import Sequence
 import numpy as np
 
 from ..errors import ShapeError
-from ..native.bindings import DECONV, activation_code
+from ..native.bindings import ACTIVATIONS, DECONV, activation_code
 from ..native.signature import CONSTANTS
 from . import parallel
-from .base import FUSED_ACTIVATIONS, Kernel, OpContext, TensorInfo, apply_activation, register, run_bound
+from .base import Kernel, OpContext, TensorInfo, apply_activation, register, run_bound
 from .conv import _bias_view, _check_group, _check_ranks, _kernel_shape
 from .window import Window, _plan_chunks, _row_chunks, int_list, sliding_window, transposed_window, window_of
 
@@ -38,7 +38,10 @@ class ConvTranspose(Kernel):
     group, unpadded) runs natively: each output pixel is one tap of one input pixel, so the C loop
     sums the channels per tap and stores the taps interleaved, bias and activation applied."""
 
-    fuses = frozenset(FUSED_ACTIVATIONS)
+    fuses = frozenset(ACTIVATIONS) - {None}
+    """Only those the native loop applies: a Sigmoid or Tanh folded in would be one more numpy pass
+    over the output after it (dbnet's Sigmoid over its 320 x 320 map: 100 us), where on its own it
+    is a native chain of the compiler's (csrc/omrt_fused.h)."""
     native_units = ("conv",)
 
     @classmethod
@@ -108,7 +111,7 @@ class ConvTranspose(Kernel):
         if run_bound(self.bind(inputs, outputs, workspace)):
             return
         if self.act is None and run_bound(self._native_call(inputs, outputs, (0, 0.0, 0.0))):
-            apply_activation(outputs[0], self.ctx)  # one the C loop does not apply (a Sigmoid)
+            apply_activation(outputs[0], self.ctx)  # one the C loop does not apply (an older file folded it in)
             return
         x, w = inputs[0], inputs[1]
         b = inputs[2] if len(inputs) > 2 else None
