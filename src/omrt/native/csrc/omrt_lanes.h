@@ -133,6 +133,26 @@ OMRT_AVX2 static inline void omrt_transpose8(const __m256 r[8], __m256 out[8]) {
     }
 }
 
+/* out[k] = (row[0][k], ..., row[7][k]): omrt_transpose8 of eight rows read from memory, the
+ * exchange of 128-bit halves done by the loads (a row's half read into the upper half of a
+ * register), so that 16 shuffles remain of its 24. */
+OMRT_AVX2 static inline void omrt_load_transpose8(const float *const row[8], __m256 out[8]) {
+    for (int half = 0; half < 8; half += 4) {
+        __m256 a[4], t[4];
+        for (int i = 0; i < 4; i++)
+            a[i] = _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_loadu_ps(row[i] + half)),
+                                        _mm_loadu_ps(row[i + 4] + half), 1);
+        t[0] = _mm256_unpacklo_ps(a[0], a[1]);
+        t[1] = _mm256_unpackhi_ps(a[0], a[1]);
+        t[2] = _mm256_unpacklo_ps(a[2], a[3]);
+        t[3] = _mm256_unpackhi_ps(a[2], a[3]);
+        out[half] = _mm256_shuffle_ps(t[0], t[2], 0x44);
+        out[half + 1] = _mm256_shuffle_ps(t[0], t[2], 0xEE);
+        out[half + 2] = _mm256_shuffle_ps(t[1], t[3], 0x44);
+        out[half + 3] = _mm256_shuffle_ps(t[1], t[3], 0xEE);
+    }
+}
+
 /* Lanes [lo, hi) of 8 set, as a maskload/maskstore mask. */
 OMRT_AVX2 static inline __m256i omrt_lane_mask8(int64_t lo, int64_t hi) {
     const __m256i index = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
@@ -158,8 +178,20 @@ OMRT_AVX2 static void omrt_lanes_gather_avx2(const omrt_lanes_source *s, const f
         for (int64_t c = 0; c < wide; c += 8) {
             const int64_t from = c - s->PL, cols = wide - c < 8 ? wide - c : 8;
             const __m256i inside = omrt_lane_mask8(-from, s->W - from);
+            const int whole = from >= 0 && from + 8 <= s->W; /* all 8 columns inside the planes */
             for (int h = 0; h < OMRT_LANES; h += 8) {
                 __m256 v[8], t[8];
+                const float *at[8];
+                int present = whole;
+                for (int l = 0; l < 8; l++) {
+                    at[l] = planes[h + l] ? planes[h + l] + ih * s->W + from : NULL;
+                    present &= at[l] != NULL;
+                }
+                if (present) {
+                    omrt_load_transpose8(at, t);
+                    for (int64_t k = 0; k < cols; k++) _mm256_storeu_ps(dst + (c + k) * OMRT_LANES + h, t[k]);
+                    continue;
+                }
                 for (int l = 0; l < 8; l++)
                     v[l] = planes[h + l] ? _mm256_blendv_ps(fill, _mm256_maskload_ps(planes[h + l] + ih * s->W + from,
                                                                                      inside),
@@ -179,6 +211,13 @@ OMRT_AVX2 static void omrt_lanes_scatter_avx2(const float *out, int64_t count, f
         const __m256i first = omrt_lane_mask8(0, n);
         for (int64_t h = 0; h < lanes; h += 8) {
             __m256 v[8], t[8];
+            if (n == 8) { /* whole: plain stores, where a masked one costs more */
+                const float *rows[8];
+                for (int k = 0; k < 8; k++) rows[k] = out + (i + k) * OMRT_LANES + h;
+                omrt_load_transpose8(rows, t);
+                for (int64_t l = 0; l < 8 && h + l < lanes; l++) _mm256_storeu_ps(planes[h + l] + i, t[l]);
+                continue;
+            }
             for (int64_t k = 0; k < 8; k++)
                 v[k] = k < n ? _mm256_loadu_ps(out + (i + k) * OMRT_LANES + h) : _mm256_setzero_ps();
             omrt_transpose8(v, t);
@@ -273,16 +312,30 @@ OMRT_AVX2 static inline void omrt_lanes_store_avx2(const float *sums, int64_t fi
                                                    int64_t ldc, const omrt_epilogue *e) {
     for (int64_t r0 = 0; r0 < cols; r0 += 8) {
         const __m256i inside = omrt_lane_mask8(0, cols - r0);
+        const int whole = r0 + 8 <= cols; /* plain loads and stores, where masked ones cost more */
         for (int64_t f0 = 0; f0 < filters; f0 += 8) {
             __m256 v[8], t[8];
-            for (int64_t k = 0; k < 8; k++)
-                v[k] = r0 + k < cols ? _mm256_loadu_ps(sums + (r0 + k) * OMRT_MAX_NR + f0) : _mm256_setzero_ps();
-            omrt_transpose8(v, t);
+            if (whole) {
+                const float *rows[8];
+                for (int k = 0; k < 8; k++) rows[k] = sums + (r0 + k) * OMRT_MAX_NR + f0;
+                omrt_load_transpose8(rows, t);
+            } else {
+                for (int64_t k = 0; k < 8; k++)
+                    v[k] = r0 + k < cols ? _mm256_loadu_ps(sums + (r0 + k) * OMRT_MAX_NR + f0) : _mm256_setzero_ps();
+                omrt_transpose8(v, t);
+            }
             for (int64_t l = 0; l < 8 && f0 + l < filters; l++) {
                 const int64_t f = f0 + l;
                 __m256 out = _mm256_add_ps(t[l], _mm256_set1_ps(e->bias ? e->bias[f] : 0.0f));
-                if (e->residual) out = _mm256_add_ps(out, _mm256_maskload_ps(e->residual + f * ldc + r0, inside));
-                _mm256_maskstore_ps(c + f * ldc + r0, inside, omrt_act8(out, e));
+                float *dst = c + f * ldc + r0;
+                const float *res = e->residual ? e->residual + f * ldc + r0 : NULL;
+                if (whole) {
+                    if (res) out = _mm256_add_ps(out, _mm256_loadu_ps(res));
+                    _mm256_storeu_ps(dst, omrt_act8(out, e));
+                } else {
+                    if (res) out = _mm256_add_ps(out, _mm256_maskload_ps(res, inside));
+                    _mm256_maskstore_ps(dst, inside, omrt_act8(out, e));
+                }
             }
         }
     }
