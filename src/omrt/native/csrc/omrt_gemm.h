@@ -208,6 +208,19 @@ OMRT_AVX2 static inline __m256i omrt_lanes8(int64_t n) {
     return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
 }
 
+/* 8 floats at p, the lanes of `m` alone unless `whole` (a plain load: a masked one costs more,
+ * many uops on AMD's cores); the lanes outside m read as 0. */
+OMRT_AVX2 static inline __m256 omrt_load8(const float *p, __m256i m, int whole) {
+    return whole ? _mm256_loadu_ps(p) : _mm256_maskload_ps(p, m);
+}
+
+OMRT_AVX2 static inline void omrt_store8(float *p, __m256i m, int whole, __m256 v) {
+    if (whole)
+        _mm256_storeu_ps(p, v);
+    else
+        _mm256_maskstore_ps(p, m, v);
+}
+
 /* The AVX2 tile: 6 rows x 16 columns, accumulators in 12 registers. */
 OMRT_AVX2 static inline void omrt_tile_avx2(int64_t K, const float *a, int64_t lda, const float *b, int64_t bks,
                                             float *c, int64_t ldc, int64_t rows, int64_t cols,
@@ -225,21 +238,22 @@ OMRT_AVX2 static inline void omrt_tile_avx2(int64_t K, const float *a, int64_t l
             acc[r][1] = _mm256_fmadd_ps(av, b1, acc[r][1]);
         }
     }
-    __m256i m0 = omrt_lanes8(cols > 8 ? 8 : cols), m1 = omrt_lanes8(cols > 16 ? 8 : cols > 8 ? cols - 8 : 0);
+    const int whole = cols >= 16;
+    const __m256i m0 = omrt_lanes8(cols > 8 ? 8 : cols), m1 = omrt_lanes8(cols > 16 ? 8 : cols > 8 ? cols - 8 : 0);
     if (!e->bias && !e->col_bias && !e->residual && e->act == OMRT_ACT_NONE) { /* as the AVX-512 tile */
 #pragma GCC unroll 6
         for (int r = 0; r < 6; r++) {
             if (r < rows) {
-                _mm256_maskstore_ps(c + r * ldc, m0, acc[r][0]);
-                _mm256_maskstore_ps(c + r * ldc + 8, m1, acc[r][1]);
+                omrt_store8(c + r * ldc, m0, whole, acc[r][0]);
+                omrt_store8(c + r * ldc + 8, m1, whole, acc[r][1]);
             }
         }
         return;
     }
     __m256 col0 = _mm256_setzero_ps(), col1 = _mm256_setzero_ps();
     if (e->col_bias) {
-        col0 = _mm256_maskload_ps(e->col_bias, m0);
-        col1 = _mm256_maskload_ps(e->col_bias + 8, m1);
+        col0 = omrt_load8(e->col_bias, m0, whole);
+        col1 = omrt_load8(e->col_bias + 8, m1, whole);
     }
 #pragma GCC unroll 6
     for (int r = 0; r < 6; r++) {
@@ -248,11 +262,11 @@ OMRT_AVX2 static inline void omrt_tile_avx2(int64_t K, const float *a, int64_t l
             __m256 v0 = _mm256_add_ps(acc[r][0], _mm256_add_ps(add, col0));
             __m256 v1 = _mm256_add_ps(acc[r][1], _mm256_add_ps(add, col1));
             if (e->residual) {
-                v0 = _mm256_add_ps(v0, _mm256_maskload_ps(e->residual + r * ldc, m0));
-                v1 = _mm256_add_ps(v1, _mm256_maskload_ps(e->residual + r * ldc + 8, m1));
+                v0 = _mm256_add_ps(v0, omrt_load8(e->residual + r * ldc, m0, whole));
+                v1 = _mm256_add_ps(v1, omrt_load8(e->residual + r * ldc + 8, m1, whole));
             }
-            _mm256_maskstore_ps(c + r * ldc, m0, omrt_act8(v0, e));
-            _mm256_maskstore_ps(c + r * ldc + 8, m1, omrt_act8(v1, e));
+            omrt_store8(c + r * ldc, m0, whole, omrt_act8(v0, e));
+            omrt_store8(c + r * ldc + 8, m1, whole, omrt_act8(v1, e));
         }
     }
 }

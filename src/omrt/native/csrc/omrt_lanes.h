@@ -312,7 +312,7 @@ OMRT_AVX2 static inline void omrt_lanes_store_avx2(const float *sums, int64_t fi
                                                    int64_t ldc, const omrt_epilogue *e) {
     for (int64_t r0 = 0; r0 < cols; r0 += 8) {
         const __m256i inside = omrt_lane_mask8(0, cols - r0);
-        const int whole = r0 + 8 <= cols; /* plain loads and stores, where masked ones cost more */
+        const int whole = r0 + 8 <= cols; /* see omrt_load8 */
         for (int64_t f0 = 0; f0 < filters; f0 += 8) {
             __m256 v[8], t[8];
             if (whole) {
@@ -327,15 +327,8 @@ OMRT_AVX2 static inline void omrt_lanes_store_avx2(const float *sums, int64_t fi
             for (int64_t l = 0; l < 8 && f0 + l < filters; l++) {
                 const int64_t f = f0 + l;
                 __m256 out = _mm256_add_ps(t[l], _mm256_set1_ps(e->bias ? e->bias[f] : 0.0f));
-                float *dst = c + f * ldc + r0;
-                const float *res = e->residual ? e->residual + f * ldc + r0 : NULL;
-                if (whole) {
-                    if (res) out = _mm256_add_ps(out, _mm256_loadu_ps(res));
-                    _mm256_storeu_ps(dst, omrt_act8(out, e));
-                } else {
-                    if (res) out = _mm256_add_ps(out, _mm256_maskload_ps(res, inside));
-                    _mm256_maskstore_ps(dst, inside, omrt_act8(out, e));
-                }
+                if (e->residual) out = _mm256_add_ps(out, omrt_load8(e->residual + f * ldc + r0, inside, whole));
+                omrt_store8(c + f * ldc + r0, inside, whole, omrt_act8(out, e));
             }
         }
     }
