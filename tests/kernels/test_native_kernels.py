@@ -212,7 +212,7 @@ def test_wide_max_pools_keep_each_nan_and_take_infinities_as_values(native, band
        st.integers(1, 4), st.integers(1, 3), st.integers(1, 2), st.data())
 def test_wide_max_pools_match_reference(native, threads, width, sw, across, kh, sh, dh, data):
     """Rows 16 to 130 wide at stride 2 along them, from VECTOR_ROW_WIDTH on the vector path on
-    AVX-512 CPUs, and at stride 1, from VECTOR_ROW_WIDTH_STRIDE_1 on it (whole vectors of column
+    AVX2 and AVX-512 CPUs (both widths: test_wide_max_pools_agree_at_every_vector_width), and at stride 1, from VECTOR_ROW_WIDTH_STRIDE_1 on it (whole vectors of column
     maxima, a last one filled out with -inf, the left padding read as -inf): the values, the NaNs
     a few windows read and the infinities others hold, as numpy's."""
     kw, dw = across
@@ -322,6 +322,49 @@ def test_depthwise_layers_agree_at_every_vector_width(depthwise_om, tile):
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert float(done.stdout) < 1e-5
+
+
+WIDE_POOLS = [(111, 3, 2, 0), (112, 3, 2, 1), (27, 2, 2, 0), (40, 3, 2, 1), (85, 3, 1, 1), (20, 3, 2, 1)]
+"""(input size, window, stride, pad) of the max pools checked at every vector width: rows the
+vector path takes (3- and 2-wide windows at stride 2, from VECTOR_ROW_WIDTH on, and at stride 1
+from VECTOR_ROW_WIDTH_STRIDE_1), padded and not, ragged ends of 8- and 16-float vectors."""
+
+POOL_CHECK = """
+import numpy as np, omrt
+rng = np.random.default_rng(1)
+trusted, plain = omrt.load({path!r}, trust_kernels=True), omrt.load({path!r})
+feeds = {{i.name: rng.standard_normal(i.shape).astype(np.float32) for i in plain.inputs}}
+for x in feeds.values():
+    x[0, 1, 2, 5], x[0, 2, 4, -1], x[0, 3, 0, 0] = np.nan, np.inf, -np.nan
+got, want = trusted.session().run(feeds), plain.session().run(feeds)
+for k in want:
+    np.testing.assert_array_equal(got[k], want[k])
+print(sum(int(np.isnan(v).sum()) for v in got.values()))
+"""
+
+
+@pytest.mark.parametrize("tile", ["c", "avx2", None])
+def test_wide_max_pools_agree_at_every_vector_width(tmp_path, native, tile):
+    """The vector path of wide max pools runs 16 columns at a time with AVX-512 and 8 with AVX2
+    (its stride-2 taps picked by other shuffles), the plane loops without either: each as numpy
+    gives them, NaNs (which every window reading one gets) and infinities included."""
+    nodes, inputs, outputs = [], [], []
+    for i, (size, k, stride, pad) in enumerate(WIDE_POOLS):
+        inputs.append(helper.make_tensor_value_info(f"x{i}", TensorProto.FLOAT, [1, 4, 9, size]))
+        outputs.append(helper.make_tensor_value_info(f"y{i}", TensorProto.FLOAT, None))
+        nodes.append(helper.make_node("MaxPool", [f"x{i}"], [f"y{i}"], kernel_shape=[k, k], strides=[stride] * 2,
+                                      pads=[pad] * 4))
+    model = helper.make_model(helper.make_graph(nodes, "pools", inputs, outputs),
+                              opset_imports=[helper.make_opsetid("", 17)])
+    path = str(tmp_path / "pools.om")
+    omrt.compile(model, path)
+    env = {k: v for k, v in os.environ.items() if k != "OMRT_GEMM_TILE"}
+    if tile:
+        env["OMRT_GEMM_TILE"] = tile
+    done = subprocess.run([sys.executable, "-c", POOL_CHECK.format(path=path)], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert int(done.stdout) >= 2 * len(WIDE_POOLS)  # both NaNs reached an output of every pool
 
 
 def test_a_plan_with_room_for_plane_by_plane_bands_only_runs_wide_planes_that_way(native):

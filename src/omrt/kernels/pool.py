@@ -50,17 +50,20 @@ its 7x7 ones 0.57-0.82, the whole model 0.96 / 0.95."""
 
 VECTOR_ROW_WIDTH = 20
 """Max pools at stride 2 along rows at least this wide take the native loop's vector path where
-the CPU has AVX-512 (csrc/pool.c, vector_part: each row's column maxima over its window's rows in
-a buffer, the taps along the row picked from it by permutes), when their windows' taps fall at
-columns 0 to 2 of their start. Alone (one thread, hot in cache), 3x3 windows took 0.54 of the row
-path's time over 111-wide planes, 0.45 over 112-wide padded ones, 0.64 of the band path's over
-55-wide ones, 0.62 and 0.81 of the 16-planes path's over 27- and 20-wide ones; as long over
-24-wide padded ones, 1.26x over 18-wide padded ones, 1.5x over 14-wide ones."""
+the CPU has AVX2 or AVX-512 (csrc/pool.c, vector_part and vector_part8: each row's column maxima
+over its window's rows in a buffer, the taps along the row picked from it by shuffles), when
+their windows' taps fall at columns 0 to 2 of their start. Alone with AVX-512 (one thread, hot in
+cache), 3x3 windows took 0.54 of the row path's time over 111-wide planes, 0.45 over 112-wide
+padded ones, 0.64 of the band path's over 55-wide ones, 0.62 and 0.81 of the 16-planes path's
+over 27- and 20-wide ones; as long over 24-wide padded ones, 1.26x over 18-wide padded ones, 1.5x
+over 14-wide ones. With AVX2 (AVX-512 hidden, the kernel alone in a model), 0.74-0.80 of the time
+over 111- to 160-wide planes, 0.53-0.70 over 27- to 56-wide ones."""
 
 VECTOR_ROW_WIDTH_STRIDE_1 = 80
-"""Max pools at stride 1 along rows at least this wide take the vector path too: it took 0.79
-and 0.87 of the time over 80- and 112-wide planes, but 1.05x over 72-wide ones and 1.2x over 28-
-and 56-wide ones (3x3 windows, padded)."""
+"""Max pools at stride 1 along rows at least this wide take the vector path too: with AVX-512 it
+took 0.79 and 0.87 of the time over 80- and 112-wide planes, but 1.05x over 72-wide ones and 1.2x
+over 28- and 56-wide ones (3x3 windows, padded); with AVX2, 0.63 over 80-wide ones (0.92 over
+28-wide ones: the line stays where AVX-512 puts it)."""
 
 SPLIT_BYTES = 1 << 24
 """Pools that read at least this many bytes (input size times the taps per dim) spread their

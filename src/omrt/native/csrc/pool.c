@@ -366,13 +366,20 @@ OMRT_AVX512 static void row_maxima(const pool_job *j, const float *col, float *y
     else row_maxima_fixed(col, yr, OW, SW, KW, DW);
 }
 
-/* Planes part `item` of a max pool of the vector path (vector_path), with AVX-512, row by row:
- * the maxima of each column over the rows a window reads (column_maxima) into a buffer on the
- * stack, -inf where that is padding, then the windows along the row from them (row_maxima). The
- * windows of a row whose input rows hold a NaN get it (nan_windows). */
-OMRT_AVX512 static void vector_part(void *p, int64_t item, int64_t thread) {
-    const pool_job *j = p;
-    (void)thread;
+/* The maxima over `taps` input rows (`step` apart from src) of columns [0, n) into col, -inf up
+ * to the next whole vector; nonzero when a value read is a NaN. */
+typedef int (*column_maxima_fn)(const float *src, int64_t n, int64_t taps, int64_t step, float *col);
+
+/* yr[o] = the max over the window's taps of the column maxima `col`, for o < OW. */
+typedef void (*row_maxima_fn)(const pool_job *j, const float *col, float *yr);
+
+/* Planes part `item` of a max pool of the vector path (vector_path), row by row: the maxima of
+ * each column over the rows a window reads (column_maxima) into a buffer on the stack, -inf where
+ * that is padding, then the windows along the row from them (row_maxima), at the width of the
+ * two given (inlined into each caller, with its ISA). The windows of a row whose input rows hold
+ * a NaN get it (nan_windows). */
+static OMRT_INLINE void vector_rows(const pool_job *j, int64_t item, column_maxima_fn column_maxima,
+                                    row_maxima_fn row_maxima) {
     float col[VECTOR_COLS] __attribute__((aligned(64)));
     const int64_t n = vector_cols(j), inside = j->W < n - j->PL ? j->W : n - j->PL;
     for (int64_t i = 0; i < n; i++) col[i] = -INFINITY;
@@ -394,6 +401,93 @@ OMRT_AVX512 static void vector_part(void *p, int64_t item, int64_t thread) {
                             j->PT, j->PL);
         }
     }
+}
+
+OMRT_AVX512 static void vector_part(void *p, int64_t item, int64_t thread) {
+    (void)thread;
+    vector_rows(p, item, column_maxima, row_maxima);
+}
+
+/* column_vector, 8 columns: the max over TAPS rows, the lanes outside `in` -inf; the lanes where a
+ * value read is a NaN are or-ed into `nan`. */
+OMRT_AVX2 static OMRT_INLINE __m256 column_vector8(const float *src, int64_t TAPS, int64_t step, int masked,
+                                                   __m256i in, __m256 *nan) {
+    const __m256 fill = _mm256_set1_ps(-INFINITY);
+    __m256 acc = fill;
+    for (int64_t t = 0; t < TAPS; t += 2) {
+        const __m256 a = masked ? _mm256_blendv_ps(fill, _mm256_maskload_ps(src + t * step, in), _mm256_castsi256_ps(in))
+                                : _mm256_loadu_ps(src + t * step);
+        __m256 m = a;
+        if (t + 1 < TAPS) {
+            const __m256 b = masked ? _mm256_blendv_ps(fill, _mm256_maskload_ps(src + (t + 1) * step, in),
+                                                       _mm256_castsi256_ps(in))
+                                    : _mm256_loadu_ps(src + (t + 1) * step);
+            *nan = _mm256_or_ps(*nan, _mm256_cmp_ps(a, b, _CMP_UNORD_Q));
+            m = _mm256_max_ps(a, b);
+        } else {
+            *nan = _mm256_or_ps(*nan, _mm256_cmp_ps(a, a, _CMP_UNORD_Q));
+        }
+        acc = t ? _mm256_max_ps(acc, m) : m;
+    }
+    return acc;
+}
+
+/* column_maxima_fixed, 8 columns at a time. */
+OMRT_AVX2 static OMRT_INLINE int column_maxima8_fixed(const float *src, int64_t n, int64_t TAPS, int64_t step,
+                                                      float *col) {
+    __m256 nan = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(col + i, column_vector8(src + i, TAPS, step, 0, _mm256_setzero_si256(), &nan));
+    if (i < n) _mm256_storeu_ps(col + i, column_vector8(src + i, TAPS, step, 1, omrt_lanes8(n - i), &nan));
+    return _mm256_movemask_ps(nan) != 0;
+}
+
+OMRT_AVX2 static int column_maxima8(const float *src, int64_t n, int64_t taps, int64_t step, float *col) {
+    if (taps == 3) return column_maxima8_fixed(src, n, 3, step, col);
+    if (taps == 2) return column_maxima8_fixed(src, n, 2, step, col);
+    return column_maxima8_fixed(src, n, taps, step, col);
+}
+
+/* row_maxima_fixed, 8 outputs at a time. At stride 2 the taps are the even lanes of two vectors of
+ * column maxima, their odd ones, and the even ones two columns on, each picked within 128-bit
+ * halves (one shuffle: the outputs come out in the order 0 1 4 5 2 3 6 7, the same for every tap)
+ * and put in order once for all of them. */
+OMRT_AVX2 static OMRT_INLINE void row_maxima8_fixed(const float *col, float *yr, int64_t OW, int64_t SW, int64_t KW,
+                                                    int64_t DW) {
+    for (int64_t o = 0; o < OW; o += 8) {
+        __m256 acc;
+        if (SW == 1) {
+            acc = _mm256_loadu_ps(col + o);
+            for (int64_t kw = 1; kw < KW; kw++) acc = _mm256_max_ps(acc, _mm256_loadu_ps(col + o + kw * DW));
+        } else {
+            const float *at = col + 2 * o;
+            const __m256 lo = _mm256_loadu_ps(at), hi = _mm256_loadu_ps(at + 8);
+            acc = _mm256_shuffle_ps(lo, hi, 0x88); /* columns 2o, 2o + 2, ... */
+            for (int64_t kw = 1; kw < KW; kw++) {
+                const __m256 next = kw * DW == 1 ? _mm256_shuffle_ps(lo, hi, 0xDD) /* 2o + 1, 2o + 3, ... */
+                                                 : _mm256_shuffle_ps(_mm256_loadu_ps(at + 2), _mm256_loadu_ps(at + 10), 0x88);
+                acc = _mm256_max_ps(acc, next);
+            }
+            acc = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(acc), 0xD8));
+        }
+        if (OW - o >= 8)
+            _mm256_storeu_ps(yr + o, acc);
+        else
+            _mm256_maskstore_ps(yr + o, omrt_lanes8(OW - o), acc);
+    }
+}
+
+OMRT_AVX2 static void row_maxima8(const pool_job *j, const float *col, float *yr) {
+    const int64_t SW = j->SW, KW = j->KW, DW = j->DW, OW = j->OW;
+    if (SW == 2 && KW == 3 && DW == 1) row_maxima8_fixed(col, yr, OW, 2, 3, 1);
+    else if (SW == 2 && KW == 2 && DW == 1) row_maxima8_fixed(col, yr, OW, 2, 2, 1);
+    else if (SW == 1 && KW == 3 && DW == 1) row_maxima8_fixed(col, yr, OW, 1, 3, 1);
+    else row_maxima8_fixed(col, yr, OW, SW, KW, DW);
+}
+
+OMRT_AVX2 static void vector_part8(void *p, int64_t item, int64_t thread) {
+    (void)thread;
+    vector_rows(p, item, column_maxima8, row_maxima8);
 }
 
 /* Planes at most this wide, with rows of at most this many outputs, can pool each row in one
@@ -543,10 +637,11 @@ static OMRT_HOT void pool_part(void *p, int64_t item, int64_t thread) {
 }
 
 /* y[p] = pool of x[p] for each of the `planes` planes, split over `threads` threads, on the path
- * asked for where the CPU has AVX-512 (elsewhere `path` is ignored). With `path` 3, planes whose
- * rows fit a vector (register_path) go row by row, each in one register (register_part). With
- * `path` 2, a max pool whose geometry allows (vector_path) goes row by row, each row's column
- * maxima over its window's rows first (vector_part). With `path` 1, planes go 16 at a time in
+ * asked for where the CPU has it (elsewhere `path` is ignored). With `path` 3 and AVX-512, planes
+ * whose rows fit a vector (register_path) go row by row, each in one register (register_part).
+ * With `path` 2 and AVX2 or AVX-512, a max pool whose geometry allows (vector_path) goes row by
+ * row, each row's column maxima over its window's rows first (vector_part, vector_part8). With
+ * `path` 1 and AVX-512, planes go 16 at a time in
  * bands of output rows (lanes_part), the widest whose pool_lanes_floats `pitch` holds. Otherwise, or where `pitch`
  * does not hold one row of those, planes pool in bands of output rows, each in a few flat passes
  * over a padded copy (pool_plane), the widest band whose pool_plane_floats `pitch` holds; where
@@ -566,8 +661,8 @@ OMRT_EXPORT void omrt_pool2d_f32(const float *x, float *y, const float *inv_coun
         omrt_parallel(register_part, &j, j.parts, threads);
         return;
     }
-    if (path == 2 && vector_path(&j) && omrt_gemm_level_once() == 2) {
-        omrt_parallel(vector_part, &j, j.parts, threads);
+    if (path == 2 && vector_path(&j) && omrt_gemm_level_once() >= 1) {
+        omrt_parallel(omrt_gemm_level_once() == 2 ? vector_part : vector_part8, &j, j.parts, threads);
         return;
     }
     if (path == 1 && omrt_gemm_level_once() == 2)
