@@ -78,10 +78,7 @@ static void pack_part(void *p, int64_t item, int64_t thread) {
  * AVX-512 tile, which reads each strip whole, alone in a C loop asking took 1.03-1.04 of it. */
 static void prefetch_strip_piece(const pmm_job *j, int64_t s, int64_t panel) {
     if (s >= (j->N + OMRT_MAX_NR - 1) / OMRT_MAX_NR || omrt_gemm_pick().nr == OMRT_MAX_NR) return;
-    const int64_t lines = j->K * OMRT_MAX_NR * (int64_t)sizeof(float) / 64, piece = (lines + j->P - 1) / j->P;
-    const char *strip = (const char *)(j->strips + s * j->K * OMRT_MAX_NR);
-    for (int64_t line = panel * piece; line < (panel + 1) * piece && line < lines; line++)
-        __builtin_prefetch(strip + 64 * line, 0, 2);
+    omrt_prefetch_piece(j->strips + s * j->K * OMRT_MAX_NR, j->K * OMRT_MAX_NR, panel, j->P);
 }
 
 /* Item (strip, panel), panels fastest: a thread's next item mostly reads the strip it just did. */

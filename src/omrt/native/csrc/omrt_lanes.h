@@ -381,6 +381,9 @@ static inline void omrt_lanes_gemm(const float *strips, int64_t K, int64_t f0, i
             const int64_t filters = f1 - f < OMRT_MAX_NR ? f1 - f : OMRT_MAX_NR;
             for (int64_t p = 0; p < n; p += OMRT_PANEL) {
                 const int64_t cols = n - p < OMRT_PANEL ? n - p : OMRT_PANEL;
+                if (kind.nr < OMRT_MAX_NR && f + OMRT_MAX_NR < f1) /* the next strip's rows, a piece per panel */
+                    omrt_prefetch_piece(strip + K * OMRT_MAX_NR, kk * OMRT_MAX_NR, p / OMRT_PANEL,
+                                        (n + OMRT_PANEL - 1) / OMRT_PANEL);
                 const int64_t lda = p < whole ? ldb : OMRT_PANEL;
                 const float *a = (p < whole ? b + p : panel) + k0 * lda;
                 for (int64_t h = 0; h * kind.nr < filters; h++)
