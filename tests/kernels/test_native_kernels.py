@@ -309,19 +309,24 @@ print(max(float(np.abs(got[k] - want[k]).max() / np.abs(want[k]).max()) for k in
 """
 
 
+def _capped(script: str, tile: str | None) -> str:
+    """The output of `script` run in a process of its own with the native loops' ISA capped at
+    `tile` (OMRT_GEMM_TILE: "c", "avx2"; None: the CPU's own)."""
+    env = {k: v for k, v in os.environ.items() if k != "OMRT_GEMM_TILE"}
+    if tile:
+        env["OMRT_GEMM_TILE"] = tile
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout
+
+
 @pytest.mark.parametrize("tile", ["c", "avx2", None])
 def test_depthwise_layers_agree_at_every_vector_width(depthwise_om, tile):
     """The loop picks its copies, path and vector width by the CPU (16 channels interleaved
     through 16 x 16 transposes into 16-float vectors with AVX-512, through 8 x 8 ones into
     8-float vectors with AVX2; without either, element by element and wide planes plane by
     plane): OMRT_GEMM_TILE caps what it sees, in a process of its own."""
-    env = {k: v for k, v in os.environ.items() if k != "OMRT_GEMM_TILE"}
-    if tile:
-        env["OMRT_GEMM_TILE"] = tile
-    done = subprocess.run([sys.executable, "-c", WIDTH_CHECK.format(path=depthwise_om)], env=env,
-                          capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert float(done.stdout) < 1e-5
+    assert float(_capped(WIDTH_CHECK.format(path=depthwise_om), tile)) < 1e-5
 
 
 WIDE_POOLS = [(111, 3, 2, 0), (112, 3, 2, 1), (27, 2, 2, 0), (40, 3, 2, 1), (85, 3, 1, 1), (20, 3, 2, 1)]
@@ -358,13 +363,7 @@ def test_wide_max_pools_agree_at_every_vector_width(tmp_path, native, tile):
                               opset_imports=[helper.make_opsetid("", 17)])
     path = str(tmp_path / "pools.om")
     omrt.compile(model, path)
-    env = {k: v for k, v in os.environ.items() if k != "OMRT_GEMM_TILE"}
-    if tile:
-        env["OMRT_GEMM_TILE"] = tile
-    done = subprocess.run([sys.executable, "-c", POOL_CHECK.format(path=path)], env=env,
-                          capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert int(done.stdout) >= 2 * len(WIDE_POOLS)  # both NaNs reached an output of every pool
+    assert int(_capped(POOL_CHECK.format(path=path), tile)) >= 2 * len(WIDE_POOLS)  # both NaNs reached every pool
 
 
 def test_a_plan_with_room_for_plane_by_plane_bands_only_runs_wide_planes_that_way(native):
