@@ -222,10 +222,9 @@ OMRT_AVX2 static inline void omrt_store8(float *p, __m256i m, int whole, __m256 
 }
 
 /* The AVX2 tile: 6 rows x 16 columns, accumulators in 12 registers. */
-OMRT_AVX2 static inline void omrt_tile_avx2(int64_t K, const float *a, int64_t lda, const float *b, int64_t bks,
-                                            float *c, int64_t ldc, int64_t rows, int64_t cols,
-                                            const omrt_epilogue *e) {
-    __m256 acc[6][2];
+/* The AVX2 tile's sums over K steps in acc: the first `prows` (2, 4 or 6) rows, rows past it zero. */
+OMRT_AVX2 static OMRT_INLINE void omrt_sums_avx2(int64_t K, const float *a, int64_t lda, const float *b, int64_t bks,
+                                                 __m256 acc[6][2], int prows) {
 #pragma GCC unroll 6
     for (int r = 0; r < 6; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
     for (int64_t k = 0; k < K; k++) {
@@ -233,11 +232,22 @@ OMRT_AVX2 static inline void omrt_tile_avx2(int64_t K, const float *a, int64_t l
         const float *ak = a + k * lda;
 #pragma GCC unroll 6
         for (int r = 0; r < 6; r++) {
+            if (r >= prows) break;
             __m256 av = _mm256_broadcast_ss(ak + r);
             acc[r][0] = _mm256_fmadd_ps(av, b0, acc[r][0]);
             acc[r][1] = _mm256_fmadd_ps(av, b1, acc[r][1]);
         }
     }
+}
+
+OMRT_AVX2 static inline void omrt_tile_avx2(int64_t K, const float *a, int64_t lda, const float *b, int64_t bks,
+                                            float *c, int64_t ldc, int64_t rows, int64_t cols,
+                                            const omrt_epilogue *e) {
+    __m256 acc[6][2];
+    /* the row count a constant: a product's last rows are often 4 (M = 16, 40, 64, 88) or 2 */
+    rows <= 2 ? omrt_sums_avx2(K, a, lda, b, bks, acc, 2)
+    : rows <= 4 ? omrt_sums_avx2(K, a, lda, b, bks, acc, 4)
+                : omrt_sums_avx2(K, a, lda, b, bks, acc, 6);
     const int whole = cols >= 16;
     const __m256i m0 = omrt_lanes8(cols > 8 ? 8 : cols), m1 = omrt_lanes8(cols > 16 ? 8 : cols > 8 ? cols - 8 : 0);
     if (!e->bias && !e->col_bias && !e->residual && e->act == OMRT_ACT_NONE) { /* as the AVX-512 tile */
