@@ -212,9 +212,10 @@ def test_wide_max_pools_keep_each_nan_and_take_infinities_as_values(native, band
        st.integers(1, 4), st.integers(1, 3), st.integers(1, 2), st.data())
 def test_wide_max_pools_match_reference(native, threads, width, sw, across, kh, sh, dh, data):
     """Rows 16 to 130 wide at stride 2 along them, from VECTOR_ROW_WIDTH on the vector path on
-    AVX2 and AVX-512 CPUs (both widths: test_wide_max_pools_agree_at_every_vector_width), and at stride 1, from VECTOR_ROW_WIDTH_STRIDE_1 on it (whole vectors of column
-    maxima, a last one filled out with -inf, the left padding read as -inf): the values, the NaNs
-    a few windows read and the infinities others hold, as numpy's."""
+    AVX2 and AVX-512 CPUs (both widths: test_wide_max_pools_agree_at_every_vector_width), and at
+    stride 1, from VECTOR_ROW_WIDTH_STRIDE_1 on it (whole vectors of column maxima, a last one
+    filled out with -inf, the left padding read as -inf): the values, the NaNs a few windows read
+    and the infinities others hold, as numpy's."""
     kw, dw = across
     pads = [data.draw(st.integers(0, k - 1)) for k in (kh, kw, kh, kw)]
     x = randn(1, 3, data.draw(st.integers((kh - 1) * dh + 1, 9)), width)
@@ -849,6 +850,31 @@ def test_overlapping_or_grouped_convtranspose_stays_on_numpy(native, attrs):
     got = run_kernel("ConvTranspose", [x, wt], attrs, native=native)[0]
     assert native.calls().get("omrt_deconv_f32", 0) == before
     np.testing.assert_array_equal(got, run_kernel("ConvTranspose", [x, wt], attrs)[0])
+
+
+@pytest.mark.parametrize("act", ["Sigmoid", "Tanh", "Relu"])
+def test_convtranspose_takes_in_only_the_activations_its_loop_applies(tmp_path, native, act):
+    """A Sigmoid or Tanh after a stride-2 ConvTranspose stays a node of its own (a native chain of
+    the compiler's, where folded in it would be numpy passes after the C loop); a Relu is folded
+    into the loop. Either way the values are onnx.reference's."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 6, 5, 20])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    wt, b = randn(6, 3, 2, 2), randn(3)
+    nodes = [helper.make_node("ConvTranspose", ["x", "w", "b"], ["t"], kernel_shape=[2, 2], strides=[2, 2]),
+             helper.make_node(act, ["t"], ["y"])]
+    model = helper.make_model(helper.make_graph(nodes, "up", [x], [y], [numpy_helper.from_array(wt, "w"),
+                                                                       numpy_helper.from_array(b, "b")]),
+                              opset_imports=[helper.make_opsetid("", 17)])
+    path = str(tmp_path / "up.om")
+    omrt.compile(model, path)
+    session = omrt.load(path, trust_kernels=True).session()
+    feed = randn(1, 6, 5, 20)
+    nodes_run = list(session.profile({"x": feed}, repeat=1, by="node"))
+    assert len(nodes_run) == (1 if act == "Relu" else 2), nodes_run
+    want = reference(act, [reference("ConvTranspose", [feed, wt, b], {"kernel_shape": [2, 2], "strides": [2, 2]})[0]],
+                     {})[0]
+    got = session.run({"x": feed})["y"]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * max(1.0, float(np.abs(want).max())))
 
 
 @pytest.fixture

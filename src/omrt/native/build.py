@@ -29,7 +29,8 @@ from .library import CORE, SOURCES, kernel_abi
 from .signature import thunk_source
 from .target import host, parse_triple
 
-FLAGS = ["-O3", "-std=c11", "-ffp-contract=fast", "-shared", "-fPIC", "-pthread", "-fno-math-errno", "-fno-plt", "-Wall"]
+FLAGS = ["-O3", "-std=c11", "-ffp-contract=fast", "-shared", "-fPIC", "-pthread", "-fno-math-errno", "-fno-plt",
+         "-Wall"]
 """The hot loops carry their own per-ISA clones (see csrc/omrt_native.h), so no -march: the
 library runs on any host of its compiler's target architecture (a compiler named with flags,
 `gcc -march=x86-64-v3`, raises that baseline, and the record says so). A product and a sum may be

@@ -189,15 +189,13 @@ OMRT_AVX2 static void omrt_lanes_gather_avx2(const omrt_lanes_source *s, const f
                 }
                 if (present) {
                     omrt_load_transpose8(at, t);
-                    for (int64_t k = 0; k < cols; k++) _mm256_storeu_ps(dst + (c + k) * OMRT_LANES + h, t[k]);
-                    continue;
+                } else {
+                    for (int l = 0; l < 8; l++)
+                        v[l] = at[l] ? _mm256_blendv_ps(fill, _mm256_maskload_ps(at[l], inside),
+                                                        _mm256_castsi256_ps(inside))
+                                     : fill;
+                    omrt_transpose8(v, t);
                 }
-                for (int l = 0; l < 8; l++)
-                    v[l] = planes[h + l] ? _mm256_blendv_ps(fill, _mm256_maskload_ps(planes[h + l] + ih * s->W + from,
-                                                                                     inside),
-                                                            _mm256_castsi256_ps(inside))
-                                         : fill;
-                omrt_transpose8(v, t);
                 for (int64_t k = 0; k < cols; k++) _mm256_storeu_ps(dst + (c + k) * OMRT_LANES + h, t[k]);
             }
         }
@@ -211,17 +209,16 @@ OMRT_AVX2 static void omrt_lanes_scatter_avx2(const float *out, int64_t count, f
         const __m256i first = omrt_lane_mask8(0, n);
         for (int64_t h = 0; h < lanes; h += 8) {
             __m256 v[8], t[8];
-            if (n == 8) { /* whole: plain stores, where a masked one costs more */
+            if (n == 8) { /* whole (see omrt_load8) */
                 const float *rows[8];
                 for (int k = 0; k < 8; k++) rows[k] = out + (i + k) * OMRT_LANES + h;
                 omrt_load_transpose8(rows, t);
-                for (int64_t l = 0; l < 8 && h + l < lanes; l++) _mm256_storeu_ps(planes[h + l] + i, t[l]);
-                continue;
+            } else {
+                for (int64_t k = 0; k < 8; k++)
+                    v[k] = k < n ? _mm256_loadu_ps(out + (i + k) * OMRT_LANES + h) : _mm256_setzero_ps();
+                omrt_transpose8(v, t);
             }
-            for (int64_t k = 0; k < 8; k++)
-                v[k] = k < n ? _mm256_loadu_ps(out + (i + k) * OMRT_LANES + h) : _mm256_setzero_ps();
-            omrt_transpose8(v, t);
-            for (int64_t l = 0; l < 8 && h + l < lanes; l++) _mm256_maskstore_ps(planes[h + l] + i, first, t[l]);
+            for (int64_t l = 0; l < 8 && h + l < lanes; l++) omrt_store8(planes[h + l] + i, first, n == 8, t[l]);
         }
     }
 }

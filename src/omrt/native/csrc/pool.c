@@ -415,7 +415,8 @@ OMRT_AVX2 static OMRT_INLINE __m256 column_vector8(const float *src, int64_t TAP
     const __m256 fill = _mm256_set1_ps(-INFINITY);
     __m256 acc = fill;
     for (int64_t t = 0; t < TAPS; t += 2) {
-        const __m256 a = masked ? _mm256_blendv_ps(fill, _mm256_maskload_ps(src + t * step, in), _mm256_castsi256_ps(in))
+        const __m256 a = masked ? _mm256_blendv_ps(fill, _mm256_maskload_ps(src + t * step, in),
+                                                   _mm256_castsi256_ps(in))
                                 : _mm256_loadu_ps(src + t * step);
         __m256 m = a;
         if (t + 1 < TAPS) {
@@ -437,7 +438,8 @@ OMRT_AVX2 static OMRT_INLINE int column_maxima8_fixed(const float *src, int64_t 
                                                       float *col) {
     __m256 nan = _mm256_setzero_ps();
     int64_t i = 0;
-    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(col + i, column_vector8(src + i, TAPS, step, 0, _mm256_setzero_si256(), &nan));
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(col + i, column_vector8(src + i, TAPS, step, 0, _mm256_setzero_si256(), &nan));
     if (i < n) _mm256_storeu_ps(col + i, column_vector8(src + i, TAPS, step, 1, omrt_lanes8(n - i), &nan));
     return _mm256_movemask_ps(nan) != 0;
 }
@@ -464,16 +466,14 @@ OMRT_AVX2 static OMRT_INLINE void row_maxima8_fixed(const float *col, float *yr,
             const __m256 lo = _mm256_loadu_ps(at), hi = _mm256_loadu_ps(at + 8);
             acc = _mm256_shuffle_ps(lo, hi, 0x88); /* columns 2o, 2o + 2, ... */
             for (int64_t kw = 1; kw < KW; kw++) {
-                const __m256 next = kw * DW == 1 ? _mm256_shuffle_ps(lo, hi, 0xDD) /* 2o + 1, 2o + 3, ... */
-                                                 : _mm256_shuffle_ps(_mm256_loadu_ps(at + 2), _mm256_loadu_ps(at + 10), 0x88);
+                const __m256 next = kw * DW == 1 /* 2o + 1, 2o + 3, ..., or 2o + 2, 2o + 4, ... */
+                                        ? _mm256_shuffle_ps(lo, hi, 0xDD)
+                                        : _mm256_shuffle_ps(_mm256_loadu_ps(at + 2), _mm256_loadu_ps(at + 10), 0x88);
                 acc = _mm256_max_ps(acc, next);
             }
             acc = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(acc), 0xD8));
         }
-        if (OW - o >= 8)
-            _mm256_storeu_ps(yr + o, acc);
-        else
-            _mm256_maskstore_ps(yr + o, omrt_lanes8(OW - o), acc);
+        omrt_store8(yr + o, omrt_lanes8(OW - o), OW - o >= 8, acc);
     }
 }
 
