@@ -234,7 +234,7 @@ def _product(a: np.ndarray, b: np.ndarray, bias: np.ndarray | None, attrs: dict,
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.lists(st.integers(1, 5), min_size=0, max_size=2), st.integers(1, 30), st.integers(1, 70),
-       st.integers(1, 80), st.sampled_from(sorted(ACTS, key=str)), st.booleans(), st.integers(1, 2))
+       st.integers(1, 300), st.sampled_from(sorted(ACTS, key=str)), st.booleans(), st.integers(1, 2))
 def test_packed_matmul_matches_reference(native, monkeypatch, batch, rows, depth, cols, act, bias, threads):
     a, b = randn(*batch, rows, depth), randn(depth, cols)
     c = randn(cols) if bias else None
