@@ -192,6 +192,23 @@ def test_the_native_loop_gives_zeros_for_fully_masked_rows(native):
     np.testing.assert_allclose(got, reference("Attention", inputs, attrs, opset=23)[0], rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("keys", [5, 16, 37])
+def test_the_native_loop_subtracts_each_rows_largest_score(native, keys):
+    """Scores up to 10 * keys, past where exp overflows float32: finite probabilities only when the
+    softmax subtracts each row's largest score, whether it lies in the rows' whole vectors or
+    in their tails (the last key for q = +1, the first for q = -1)."""
+    q = np.array([1.0, -1.0, 0.5], np.float32).reshape(1, 1, 3, 1)
+    k = (np.arange(keys, dtype=np.float32) * 10).reshape(1, 1, keys, 1)
+    v = randn(1, 1, keys, 4)
+    before = native.calls().get("omrt_attention_f32", 0)
+    got = run_kernel("Attention", [q, k, v], {}, opset=23, native=native, n_outputs=1)[0]
+    assert native.calls().get("omrt_attention_f32", 0) == before + 1
+    scores = q[0, 0].astype(np.float64) @ k[0, 0].T.astype(np.float64)
+    probs = np.exp(scores - scores.max(axis=1, keepdims=True))
+    want = (probs / probs.sum(axis=1, keepdims=True)) @ v[0, 0].astype(np.float64)
+    np.testing.assert_allclose(got[0, 0], want, rtol=1e-5, atol=1e-5 * float(np.abs(v).max()))
+
+
 def test_attention_scores_are_the_only_large_scratch():
     """No mask, float32: the workspace is exactly the [B, Hq, Sq, T] score matrix."""
     inputs, attrs = attention_inputs(b=2, hq=8, hkv=2, sq=16, skv=32, d=64, dv=64)

@@ -16,28 +16,43 @@ typedef struct {
     float scale;
 } attention_job;
 
-/* Reductions go in REDUCE_LANES partial results, so that they vectorize as the maps do. */
-#define REDUCE_LANES 16
+/* Reductions go in REDUCE_LANES partial results, so that they vectorize as the maps do: 8, a
+ * vector of AVX2 (16 ran AVX2's clone 1.6 times as long: GCC splits wider vectors badly). */
+#define REDUCE_LANES 8
 
+/* REDUCE_LANES floats (loaded from anywhere a float may lie) and a mask over them. */
+typedef float reduce_vec __attribute__((vector_size(REDUCE_LANES * sizeof(float)), aligned(4)));
+typedef int32_t reduce_mask __attribute__((vector_size(REDUCE_LANES * sizeof(int32_t))));
+
+/* The largest of a row's T floats, NaNs passed over (-inf for none). The maxima are kept in
+ * vectors by a compare and select, then halved in a tree: GCC leaves the scalar form
+ * (a > b ? a : b) a chain of scalar maxima. A MiniLM-style encoder's attention on an Intel Xeon
+ * took 0.81-0.89 of the time with AVX-512 at one thread, 0.84-0.87 at two, even with AVX2 (this
+ * and the tree of sums). */
 static OMRT_INLINE float row_max(const float *row, int64_t T) {
-    float lanes[REDUCE_LANES], top = -INFINITY;
-    for (int64_t l = 0; l < REDUCE_LANES; l++) lanes[l] = -INFINITY;
+    reduce_vec lanes = {0};
+    lanes -= INFINITY;
     int64_t t = 0;
-    for (; t + REDUCE_LANES <= T; t += REDUCE_LANES)
-        for (int64_t l = 0; l < REDUCE_LANES; l++) lanes[l] = row[t + l] > lanes[l] ? row[t + l] : lanes[l];
-    for (; t < T; t++) top = row[t] > top ? row[t] : top;
-    for (int64_t l = 0; l < REDUCE_LANES; l++) top = lanes[l] > top ? lanes[l] : top;
-    return top;
+    for (; t + REDUCE_LANES <= T; t += REDUCE_LANES) {
+        const reduce_vec x = *(const reduce_vec *)(row + t);
+        const reduce_mask more = x > lanes;
+        lanes = (reduce_vec)((more & (reduce_mask)x) | (~more & (reduce_mask)lanes));
+    }
+    for (; t < T; t++) lanes[0] = row[t] > lanes[0] ? row[t] : lanes[0];
+    for (int64_t w = REDUCE_LANES / 2; w > 0; w /= 2)
+        for (int64_t l = 0; l < w; l++) lanes[l] = lanes[l + w] > lanes[l] ? lanes[l + w] : lanes[l];
+    return lanes[0];
 }
 
+/* The sum of a row's T floats: REDUCE_LANES partial sums, added in a tree. */
 static OMRT_INLINE float row_sum(const float *row, int64_t T) {
-    float lanes[REDUCE_LANES] = {0}, sum = 0.0f;
+    reduce_vec lanes = {0};
     int64_t t = 0;
-    for (; t + REDUCE_LANES <= T; t += REDUCE_LANES)
-        for (int64_t l = 0; l < REDUCE_LANES; l++) lanes[l] += row[t + l];
-    for (; t < T; t++) sum += row[t];
-    for (int64_t l = 0; l < REDUCE_LANES; l++) sum += lanes[l];
-    return sum;
+    for (; t + REDUCE_LANES <= T; t += REDUCE_LANES) lanes += *(const reduce_vec *)(row + t);
+    for (; t < T; t++) lanes[0] += row[t];
+    for (int64_t w = REDUCE_LANES / 2; w > 0; w /= 2)
+        for (int64_t l = 0; l < w; l++) lanes[l] += lanes[l + w];
+    return lanes[0];
 }
 
 /* A row of scores (T floats) -> softmax(row * scale + mask) in place. A row whose every score is
