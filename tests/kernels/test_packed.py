@@ -204,8 +204,8 @@ def test_long_products_keep_bias_residual_and_activation(native, monkeypatch, c,
     given (OMRT_B_IN_L2_MOST), 40 filters still read them in place and 140 (more than the GEMM's
     in-place rows) copy every strip, a block at a time; with the
     filters in the lanes, 99 positions are 8 whole panels read in place and 3 copied, 40 or 140
-    filters end in a partial strip, and 6000 rows go in parts (the sums so far kept in y); once into y and once over the residual (the plan's
-    PackedResidualConv.inplace)."""
+    filters end in a partial strip, and 6000 rows go in parts (the sums so far kept in y); once
+    into y and once over the residual (the plan's PackedResidualConv.inplace)."""
     x, weight = randn(1, c, 9, 11), randn(filters, c, k, k) / np.float32(np.sqrt(c * k * k))
     b = randn(filters)
     attrs = {"pads": pads, "strides": [stride, stride]}

@@ -30,8 +30,7 @@ typedef int32_t reduce_mask __attribute__((vector_size(REDUCE_LANES * sizeof(int
  * took 0.81-0.89 of the time with AVX-512 at one thread, 0.84-0.87 at two, even with AVX2 (this
  * and the tree of sums). */
 static OMRT_INLINE float row_max(const float *row, int64_t T) {
-    reduce_vec lanes = {0};
-    lanes -= INFINITY;
+    reduce_vec lanes = (reduce_vec){0} - INFINITY;
     int64_t t = 0;
     for (; t + REDUCE_LANES <= T; t += REDUCE_LANES) {
         const reduce_vec x = *(const reduce_vec *)(row + t);

@@ -360,11 +360,12 @@ static inline void omrt_lanes_store(const float *sums, int64_t filters, int64_t 
 
 /* Rows of the product omrt_lanes_gemm takes at a time. The AVX-512 tile reads a strip whole:
  * it takes the whole depth while a strip and b's columns over it fit in a quarter of L2
- * (omrt_b_in_l2() / 2 floats), else equal parts that do (of at least OMRT_LANES_DEPTH rows), so
- * that the part of a strip read from memory for the first panel of columns is still in L2 for
- * the others. ResNet-50's 3x3 layers over 7x7 planes (4608 rows: 3 parts of 1536 with 2 MiB of
- * L2) on an Intel Xeon took 0.82-0.85 of the time of the whole depth at one thread and 0.87-0.91
- * at two (parts of 512: 0.89-0.93 at one; of 2304: 0.84-0.89). */
+ * (omrt_b_in_l2() / 2 floats), else equal parts of at most as many rows as fit (or as
+ * OMRT_LANES_DEPTH, where fewer fit), so that the part of a strip read from memory for the first
+ * panel of columns is still in L2 for the others. ResNet-50's 3x3 layers over 7x7 planes (4608
+ * rows: 3 parts of 1536 with 2 MiB of L2) on an Intel Xeon took 0.82-0.85 of the time of the
+ * whole depth at one thread and 0.87-0.91 at two (parts of 512: 0.89-0.93 at one; of 2304:
+ * 0.84-0.89); its 1x1 layers of 2048 rows (2 parts of 1024) 0.88-1.03. */
 static inline int64_t omrt_lanes_depth(int64_t K, int64_t n, int64_t nr) {
     if (nr < OMRT_MAX_NR) return OMRT_LANES_DEPTH;
     const int64_t fit = omrt_b_in_l2() / 2 / (OMRT_MAX_NR + n);
