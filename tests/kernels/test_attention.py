@@ -157,14 +157,16 @@ def test_attention_random_shapes(b, hkv, g, sq, skv, past, rank, causal, with_ma
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(st.integers(1, 2), st.integers(1, 3), st.integers(1, 3), st.integers(1, 20), st.integers(1, 40),
-       st.integers(1, 24), st.integers(1, 24), st.sampled_from([3, 4]),
+@given(st.integers(1, 2), st.integers(1, 3), st.integers(1, 3), st.integers(1, 40), st.integers(1, 40),
+       st.integers(1, 24), st.sampled_from([1, 7, 16, 24, 32, 48]), st.sampled_from([3, 4]),
        st.sampled_from([None, "keys", "queries", "heads", "batch", "all"]), st.sampled_from([None, 0.3]),
        st.integers(1, 2))
 def test_the_native_loop_matches_the_reference(native, b, hkv, g, sq, skv, d, dv, rank, mask_over, scale,
                                                threads):
     """Float32 attention with a float mask broadcast over (batch, heads, queries) or none, grouped
-    heads, 3-D and 4-D layouts: one native call per node, values as the reference's."""
+    heads, 3-D and 4-D layouts: one native call per node, values as the reference's, through BLAS
+    and (value heads of a multiple of 16) on the GEMM tile, queries and keys past its panels and
+    strips."""
     import omrt
 
     shapes = {"keys": (skv,), "queries": (sq, skv), "heads": (hkv * g, 1, skv), "batch": (b, 1, 1, skv),
@@ -183,23 +185,26 @@ def test_the_native_loop_matches_the_reference(native, b, hkv, g, sq, skv, d, dv
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * max(1.0, float(np.abs(want).max())))
 
 
-def test_the_native_loop_gives_zeros_for_fully_masked_rows(native):
+@pytest.mark.parametrize("dv", [8, 16])
+def test_the_native_loop_gives_zeros_for_fully_masked_rows(native, dv):
     mask = np.zeros((4, 6), np.float32)
     mask[1] = -np.inf
-    inputs, attrs = attention_inputs(mask=mask)
+    inputs, attrs = attention_inputs(mask=mask, dv=dv)
     got = run_kernel("Attention", inputs, attrs, opset=23, native=native, n_outputs=1)[0]
     assert (got[:, :, 1] == 0).all() and np.isfinite(got).all()
     np.testing.assert_allclose(got, reference("Attention", inputs, attrs, opset=23)[0], rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("keys", [5, 16, 37])
-def test_the_native_loop_subtracts_each_rows_largest_score(native, keys):
+@pytest.mark.parametrize("dv", [4, 16])
+def test_the_native_loop_subtracts_each_rows_largest_score(native, keys, dv):
     """Scores up to 10 * keys, past where exp overflows float32: finite probabilities only when the
     softmax subtracts each row's largest score, whether it lies in the rows' whole vectors or
-    in their tails (the last key for q = +1, the first for q = -1)."""
+    in their tails (the last key for q = +1, the first for q = -1), or (16 values per head, on the
+    tile) down the columns of the transposed scores."""
     q = np.array([1.0, -1.0, 0.5], np.float32).reshape(1, 1, 3, 1)
     k = (np.arange(keys, dtype=np.float32) * 10).reshape(1, 1, keys, 1)
-    v = randn(1, 1, keys, 4)
+    v = randn(1, 1, keys, dv)
     before = native.calls().get("omrt_attention_f32", 0)
     got = run_kernel("Attention", [q, k, v], {}, opset=23, native=native, n_outputs=1)[0]
     assert native.calls().get("omrt_attention_f32", 0) == before + 1
@@ -217,6 +222,24 @@ def test_attention_scores_are_the_only_large_scratch():
     infos = [None if x is None else TensorInfo.of(x) for x in inputs]
     kernel = cls(ctx, infos, cls.infer(ctx, infos))
     assert kernel.workspace() == 2 * 8 * 16 * 32 * 4
+
+
+@pytest.mark.parametrize("b,hq,sq,skv,slots", [(2, 8, 128, 128, False), (1, 1, 16, 32, True)])
+def test_the_tile_path_adds_at_most_two_slots_to_the_scores(native, b, hq, sq, skv, slots):
+    """With the native loop and 64 values per head, the workspace holds the [B, Hq, Sq, T] scores
+    (what numpy's path takes) or two threads' slots of the tile path, whichever is larger: many
+    heads take no more than the scores."""
+    from omrt.kernels.attention import tile_slot_floats
+    from omrt.memory.alignment import align
+
+    inputs, attrs = attention_inputs(b=b, hq=hq, hkv=hq, sq=sq, skv=skv, d=64, dv=64)
+    cls = lookup("Attention", 23)
+    ctx = OpContext(attrs, 23, "att", "Attention", 1, native=native)
+    infos = [None if x is None else TensorInfo.of(x) for x in inputs]
+    kernel = cls(ctx, infos, cls.infer(ctx, infos))
+    slot_bytes = 2 * tile_slot_floats(sq, skv, 64) * 4
+    assert slot_bytes > b * hq * sq * skv * 4 if slots else slot_bytes < b * hq * sq * skv * 4
+    assert kernel.workspace() == max(b * hq * sq * skv * 4, align(slot_bytes))
 
 
 @pytest.mark.parametrize("inputs,attrs,opset,match", [

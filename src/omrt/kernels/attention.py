@@ -19,6 +19,7 @@ from ..errors import KernelError, ShapeError
 from ..memory import align
 from ..native.bindings import ATTENTION
 from . import parallel
+from .packed import PANEL, STRIP, gemm_tile
 from .base import (Dim, Kernel, OpContext, Shape, TensorInfo, broadcast_shapes, normalize_axis, numel,
                    onnx_dtype, register, run_bound)
 
@@ -74,6 +75,21 @@ class Scratch:
     def views(self, workspace: np.ndarray | None) -> dict[str, np.ndarray]:
         return {name: workspace[off:off + numel(shape) * dt.itemsize].view(dt).reshape(shape)
                 for name, dt, shape, off in self.specs}
+
+
+TILE_VALUES = 16
+"""The native loop runs on omrt's GEMM tile (csrc/attention.c) when each head's values are a
+multiple of this many: the tile reads V's rows where they lie, 16 floats at a time. Elsewhere, or
+where the CPU has no vector tile, it multiplies through BLAS."""
+
+
+def tile_slot_floats(queries: int, keys: int, head: int) -> int:
+    """Floats of a thread's slot on the native loop's tile path (csrc/attention.c, attention_slot):
+    Q^T and K^T, the queries padded to whole strips and panels, the keys to panels; the scores
+    transposed; two rows of padded queries."""
+    sp = max(-(-queries // STRIP) * STRIP, -(-queries // PANEL) * PANEL)
+    tp = -(-keys // PANEL) * PANEL
+    return head * (sp + tp) + keys * sp + 2 * sp
 
 
 def _padded(inputs: Sequence, n: int) -> list:
@@ -218,6 +234,9 @@ class Attention(Kernel):
             scratch.add("part", self.mm, y5)
         self.scratch = scratch
         self.native_attention = self._native_attention(ctx, q, mask, past_k, nonpad)
+        on_tile = self.native_attention is not None and dv % TILE_VALUES == 0
+        self.slot_floats = tile_slot_floats(sq, t, d) if on_tile else 0
+        self.tiles = on_tile and gemm_tile(ctx.native) > 0
 
     def _native_attention(self, ctx: OpContext, q: TensorInfo, mask: TensorInfo | None, past_k: TensorInfo | None,
                           nonpad: TensorInfo | None):
@@ -231,7 +250,13 @@ class Attention(Kernel):
         return fn if plain and masked and static else None
 
     def workspace(self) -> int:
-        return self.scratch.size
+        return max(self.scratch.size, align(parallel.MAX_SLOTS * self.slot_floats * 4))
+
+    def fit_workspace(self, nbytes: int) -> bool:
+        """A plan without room for the tile path's slots (an older omrt's) runs through BLAS."""
+        if align(parallel.MAX_SLOTS * self.slot_floats * 4) > nbytes:
+            self.slot_floats, self.tiles = 0, False
+        return super().fit_workspace(nbytes)
 
     def bind(self, inputs, outputs, workspace):
         """The native loop's call over these arrays, checked, when it computes the node (no
@@ -248,10 +273,11 @@ class Attention(Kernel):
             m4 = mask.reshape(self.mask4)
             mask_strides = [s // 4 if n > 1 else 0 for s, n in zip(m4.strides[:3], m4.shape[:3])]
         flops = 2 * self.b * self.hq * self.sq * self.t * (self.d + self.dv)
-        scores = self.scratch.views(workspace)["s"]
+        scores = workspace if self.tiles else self.scratch.views(workspace)["s"]
+        threads = parallel.native_threads(flops, slots=parallel.MAX_SLOTS if self.tiles else 0)
         return [self.native_attention.bind(q, k, v, mask, y, scores, self.b, self.hq, self.g, self.sq, self.t, self.d,
                                            self.dv, *strides[0], *strides[1], *strides[2], *strides[3],
-                                           *mask_strides, self.scale, parallel.native_threads(flops))]
+                                           *mask_strides, self.scale, int(self.tiles), threads)]
 
     # -- layout helpers
 

@@ -181,13 +181,19 @@ ATTENTION = Function(
      Array("v", "(B - 1) * vb + (H // G - 1) * vh + (T - 1) * vt + DV"),
      Array("mask", "(B - 1) * mb + (H - 1) * mh + (S - 1) * ms + T", optional=True),
      Array("y", "(B - 1) * yb + (H - 1) * yh + (S - 1) * ys + DV", write=True),
-     Array("scores", "B * H * S * T", write=True, scratch=True),
+     Array("scores", "tiles * threads * (D * (SP + TP) + T * SP + 2 * SP) + (1 - tiles) * B * H * S * T", write=True,
+           scratch=True),
      Int("B", 1), Int("H", 1), Int("G", 1), Int("S", 1), Int("T", 1), Int("D", 1), Int("DV", 1),
      Int("qb"), Int("qh"), Int("qs"), Int("kb"), Int("kh"), Int("kt"), Int("vb"), Int("vh"), Int("vt"),
-     Int("yb"), Int("yh"), Int("ys"), Int("mb"), Int("mh"), Int("ms"), Float("scale"), Int("threads", 1)),
-    requires=("H % G == 0", "qs >= D", "kt >= D", "vt >= DV", "ys >= DV"),
+     Int("yb"), Int("yh"), Int("ys"), Int("mb"), Int("mh"), Int("ms"), Float("scale"), Int("tiles"),
+     Int("threads", 1)),
+    requires=("H % G == 0", "qs >= D", "kt >= D", "vt >= DV", "ys >= DV", "tiles <= 1", "tiles == 0 or DV % 16 == 0"),
+    derived=(("SP", "max(-(-S // GEMM_MAX_NR) * GEMM_MAX_NR, -(-S // GEMM_PANEL) * GEMM_PANEL)"),
+             ("TP", "-(-T // GEMM_PANEL) * GEMM_PANEL")),
     blas=True)
-"""softmax(Q K^T * scale + mask) V per (batch, head), the scores in the workspace (csrc/attention.c)."""
+"""softmax(Q K^T * scale + mask) V per (batch, head), the scores in the workspace (csrc/attention.c):
+through BLAS, or with `tiles` on omrt's GEMM tile, each thread in a slot of its own (SP queries
+and TP keys padded for the tile)."""
 
 GELU = Function(
     "elementwise", "omrt_gelu_f32",

@@ -440,23 +440,23 @@ static inline void omrt_panel_gemm(const float *panels, int64_t K, int64_t m0, i
     }
 }
 
-/* Elements [k, k + 4) of the 4 rows at `rows` into a panel's 4 steps at `out` (pitch OMRT_PANEL):
- * one 4 x 4 transpose; rows past `live` are written as zeros. */
-static inline void omrt_pack_quad(const float *const *rows, int live, int64_t k, float *out) {
+/* Elements [k, k + 4) of the 4 rows at `rows` into 4 rows of `out`, `pitch` floats apart: one 4 x 4
+ * transpose (out[i * pitch + r] = rows[r][k + i]); rows past `live` are written as zeros. */
+static inline void omrt_pack_quad(const float *const *rows, int live, int64_t k, float *out, int64_t pitch) {
 #ifdef OMRT_X86
     if (live >= 4) {
         __m128 x0 = _mm_loadu_ps(rows[0] + k), x1 = _mm_loadu_ps(rows[1] + k);
         __m128 x2 = _mm_loadu_ps(rows[2] + k), x3 = _mm_loadu_ps(rows[3] + k);
         _MM_TRANSPOSE4_PS(x0, x1, x2, x3);
         _mm_storeu_ps(out, x0);
-        _mm_storeu_ps(out + OMRT_PANEL, x1);
-        _mm_storeu_ps(out + 2 * OMRT_PANEL, x2);
-        _mm_storeu_ps(out + 3 * OMRT_PANEL, x3);
+        _mm_storeu_ps(out + pitch, x1);
+        _mm_storeu_ps(out + 2 * pitch, x2);
+        _mm_storeu_ps(out + 3 * pitch, x3);
         return;
     }
 #endif
     for (int i = 0; i < 4; i++)
-        for (int r = 0; r < 4; r++) out[i * OMRT_PANEL + r] = r < live ? rows[r][k + i] : 0.0f;
+        for (int r = 0; r < 4; r++) out[i * pitch + r] = r < live ? rows[r][k + i] : 0.0f;
 }
 
 /* Rows [r0, r0 + OMRT_PANEL) of a (M x K, pitch lda) as a panel: element [k, r] = a[r0 + r, k],
@@ -470,7 +470,7 @@ static inline void omrt_pack_rows(const float *a, int64_t lda, int64_t M, int64_
     int64_t k = 0;
     for (; k + 4 <= K; k += 4)
         for (int g = 0; g < OMRT_PANEL / 4; g++)
-            omrt_pack_quad(rows + 4 * g, live - 4 * g, k, panel + k * OMRT_PANEL + 4 * g);
+            omrt_pack_quad(rows + 4 * g, live - 4 * g, k, panel + k * OMRT_PANEL + 4 * g, OMRT_PANEL);
     for (; k < K; k++)
         for (int r = 0; r < OMRT_PANEL; r++) panel[k * OMRT_PANEL + r] = r < live ? rows[r][k] : 0.0f;
 }
