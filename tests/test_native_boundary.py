@@ -91,9 +91,10 @@ def _calls() -> dict:
         bindings.PMATMUL: [_f32(13, 4), _f32(2, 4, 32), _f32(64), _f32(2, 13, 32), _f32(2 * 12 * 4), 13, 64, 4, 4,
                            32, 32, 13 * 32, 2, 0, 0.0, 0.0],
         # 2 batches, 2 query heads on 1 key/value head, 3-D Q and Y, a mask per batch, over two threads
+        # through BLAS
         bindings.ATTENTION: [_f32(2, 3, 10), _f32(2, 4, 5), _f32(2, 4, 3), _f32(2, 1, 3, 4), _f32(2, 3, 6),
                              _f32(2 * 2 * 3 * 4), 2, 2, 2, 3, 4, 5, 3, 30, 5, 10, 20, 5, 5, 12, 3, 3, 18, 3, 6, 12,
-                             0, 4, 0.5, 2],
+                             0, 4, 0.5, 0, 2],
         bindings.GELU: [_f32(100), _f32(100), cdf, slope, 100, 1],
         # 2 images of 5 channels, windows of 2 below and 2 above, 7 pixels split over two threads
         bindings.LRN: [_f32(2, 5, 7), _f32(2, 5, 7), 2, 5, 7, 2, 2, 1e-4, 1.0, 2],
@@ -163,6 +164,14 @@ OTHER_PATHS = [
     (bindings.PCONV2D, [_f32(1, 4, 8, 8), _f32(2, 2, 12), _f32(14), _f32(1, 14, 8, 8), _f32(1, 14, 8, 8), _f32(1),
                         _f32(2 * 2 * 32), 8, 0, 32, 2, 1, 4, 8, 8, 14, 2, 1, 0, 8, 8, 1, 1, 1, 1, 1, 1, 0, 0, 1,
                         0.0, 0.0]),
+    # attention on the tile, 16 values per head (V's rows read 16 floats at a time, the last ending
+    # V), two slots of 5 x (32 + 12) + 4 x 32 + 2 x 32 floats: a mask per query, then over the keys
+    (bindings.ATTENTION, [_f32(2, 3, 10), _f32(2, 4, 5), _f32(2, 4, 16), _f32(2, 1, 3, 4), _f32(2, 3, 32),
+                          _f32(2 * 412), 2, 2, 2, 3, 4, 5, 16, 30, 5, 10, 20, 5, 5, 64, 16, 16, 96, 16, 32, 12, 0, 4,
+                          0.5, 1, 2]),
+    (bindings.ATTENTION, [_f32(2, 3, 10), _f32(2, 4, 5), _f32(2, 4, 16), _f32(2, 1, 1, 4), _f32(2, 3, 32),
+                          _f32(2 * 412), 2, 2, 2, 3, 4, 5, 16, 30, 5, 10, 20, 5, 5, 64, 16, 16, 96, 16, 32, 4, 0, 0,
+                          0.5, 1, 2]),
     # 4x4 tiles (36 elements): 4 tiles in two chunks of 2, over two threads
     (bindings.WINOGRAD, [_f32(1, 16, 6, 6), _f32(36, 2, 16, 12), _f32(16), _f32(1, 16, 6, 6), _f32(2 * 19952),
                          19008, 19952, 2, 0, 12, 4, 2, 1, 16, 6, 6, 16, 6, 6, 1, 1, 0, 0.0, 0.0]),
@@ -245,6 +254,8 @@ BROKEN_RULES = [
     (bindings.PMATMUL, 11, 13 * 32 - 1, r"requires part_cols == N or part_stride >="),  # parts would overlap
     (bindings.ATTENTION, 8, 3, r"requires H % G == 0"),
     (bindings.ATTENTION, 15, 4, r"requires qs >= D"),  # Q's rows would overlap
+    (bindings.ATTENTION, 29, 2, r"requires tiles <= 1"),
+    (bindings.ATTENTION, 29, 1, r"requires tiles == 0 or DV % 16 == 0"),  # V's rows read 16 floats at a time
     (bindings.GELU, 4, 101, r"x must hold n = 101 floats"),
     (bindings.GELU, 5, 0, r"threads must be an integer >= 1"),
     (bindings.POOL2D, 17, -1, r"PT must be an integer >= 0"),
