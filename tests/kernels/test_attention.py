@@ -224,12 +224,12 @@ def test_attention_scores_are_the_only_large_scratch():
     assert kernel.workspace() == 2 * 8 * 16 * 32 * 4
 
 
-@pytest.mark.parametrize("b,hq,sq,skv,slots", [(2, 8, 128, 128, False), (1, 1, 16, 32, True)])
+@pytest.mark.parametrize("b,hq,sq,skv,slots", [(2, 8, 128, 128, False), (1, 1, 16, 32, True), (1, 1, 16, 600, False)])
 def test_the_tile_path_adds_at_most_two_slots_to_the_scores(native, b, hq, sq, skv, slots):
     """With the native loop and 64 values per head, the workspace holds the [B, Hq, Sq, T] scores
     (what numpy's path takes) or two threads' slots of the tile path, whichever is larger: many
-    heads take no more than the scores."""
-    from omrt.kernels.attention import tile_slot_floats
+    heads take no more than the scores, and past TILE_KEYS keys (BLAS's path) no slots at all."""
+    from omrt.kernels.attention import TILE_KEYS, tile_slot_floats
     from omrt.memory.alignment import align
 
     inputs, attrs = attention_inputs(b=b, hq=hq, hkv=hq, sq=sq, skv=skv, d=64, dv=64)
@@ -237,9 +237,9 @@ def test_the_tile_path_adds_at_most_two_slots_to_the_scores(native, b, hq, sq, s
     ctx = OpContext(attrs, 23, "att", "Attention", 1, native=native)
     infos = [None if x is None else TensorInfo.of(x) for x in inputs]
     kernel = cls(ctx, infos, cls.infer(ctx, infos))
-    slot_bytes = 2 * tile_slot_floats(sq, skv, 64) * 4
-    assert slot_bytes > b * hq * sq * skv * 4 if slots else slot_bytes < b * hq * sq * skv * 4
-    assert kernel.workspace() == max(b * hq * sq * skv * 4, align(slot_bytes))
+    scores, slot_bytes = b * hq * sq * skv * 4, align(2 * tile_slot_floats(sq, skv, 64) * 4)
+    assert (slot_bytes > scores) == (slots or skv > TILE_KEYS)
+    assert kernel.workspace() == (max(scores, slot_bytes) if skv <= TILE_KEYS else scores)
 
 
 @pytest.mark.parametrize("inputs,attrs,opset,match", [
