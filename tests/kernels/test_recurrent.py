@@ -21,6 +21,13 @@ rng = np.random.default_rng(0)
 
 GATES = {"RNN": 1, "GRU": 3, "LSTM": 4}
 
+TOLERANCE = 1e-4
+"""Scaled error (relative to the largest output) between the C loops, the numpy path and
+onnx.reference over the random shapes below: float32 gates summed over up to 80 terms, through up
+to 12 steps, in whatever order BLAS or the tile takes them, against outputs that may be a tenth of
+the gates' scale. 1e-5 failed a reverse LSTM (8 steps, 36 inputs, 3 hidden) at 1.3e-5 against the
+numpy path on one call and held on the next; a wrong gate or bias is off by 1e-2 or more."""
+
 
 def make_inputs(op, seq=4, batch=3, inp=5, hidden=4, dirs=1, layout=0, bias=True, initial=True,
                 peepholes=False, lens=None, dtype=np.float32):
@@ -243,7 +250,8 @@ def native_agrees(native, ins, attrs, present=(True, True, True), ran=True, op="
     want = reference(op, ins, attrs, opset=14, n_outputs=n_out(op))
     for g, n, w in zip(got, numpy_path, want):
         if g is not None:
-            assert scaled_error(g, n) < 1e-5 and scaled_error(g, w) < 1e-5, (scaled_error(g, n), scaled_error(g, w))
+            assert scaled_error(g, n) < TOLERANCE and scaled_error(g, w) < TOLERANCE, (scaled_error(g, n),
+                                                                                    scaled_error(g, w))
     return got
 
 
@@ -455,7 +463,8 @@ def test_packed_recurrences_match_the_ops_they_were(native, threads, op, directi
     for g, n, w in zip(got, run_recurrent(op, ins, attrs, present), want):
         assert (g is None) == (n is None)
         if g is not None:
-            assert scaled_error(g, n) < 1e-5 and scaled_error(g, w) < 1e-5, (scaled_error(g, n), scaled_error(g, w))
+            assert scaled_error(g, n) < TOLERANCE and scaled_error(g, w) < TOLERANCE, (scaled_error(g, n),
+                                                                                    scaled_error(g, w))
 
 
 @pytest.mark.parametrize("op,attrs,lens,layout_batch,seq,dtype", [
