@@ -160,14 +160,16 @@ def test_attention_random_shapes(b, hkv, g, sq, skv, past, rank, causal, with_ma
 @given(st.integers(1, 2), st.integers(1, 3), st.integers(1, 3), st.integers(1, 40), st.integers(1, 40),
        st.integers(1, 24), st.sampled_from([1, 7, 16, 24, 32, 48]), st.sampled_from([3, 4]),
        st.sampled_from([None, "keys", "queries", "heads", "batch", "all"]), st.sampled_from([None, 0.3]),
-       st.integers(1, 2))
+       st.integers(1, 3))
 def test_the_native_loop_matches_the_reference(native, b, hkv, g, sq, skv, d, dv, rank, mask_over, scale,
                                                threads):
     """Float32 attention with a float mask broadcast over (batch, heads, queries) or none, grouped
     heads, 3-D and 4-D layouts: one native call per node, values as the reference's, through BLAS
     and (value heads of a multiple of 16) on the GEMM tile, queries and keys past its panels and
-    strips."""
+    strips; at 3 threads, more than the tile path has slots for, through BLAS on all of them (the
+    slots could not hold a third thread: the call's contract would refuse it)."""
     import omrt
+    from omrt.kernels import parallel
 
     shapes = {"keys": (skv,), "queries": (sq, skv), "heads": (hkv * g, 1, skv), "batch": (b, 1, 1, skv),
               "all": (b, hkv * g, sq, skv)}
@@ -177,7 +179,9 @@ def test_the_native_loop_matches_the_reference(native, b, hkv, g, sq, skv, d, dv
     before = native.calls().get("omrt_attention_f32", 0)
     omrt.set_num_threads(threads)
     try:
-        got = run_kernel("Attention", inputs, attrs, opset=23, native=native, n_outputs=1)[0]
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(parallel, "NATIVE_SPLIT_FLOPS", 0)  # even these small nodes on every thread
+            got = run_kernel("Attention", inputs, attrs, opset=23, native=native, n_outputs=1)[0]
     finally:
         omrt.set_num_threads(1)
     assert native.calls().get("omrt_attention_f32", 0) == before + 1
@@ -237,6 +241,8 @@ def test_the_tile_path_adds_at_most_two_slots_to_the_scores(native, b, hq, sq, s
     ctx = OpContext(attrs, 23, "att", "Attention", 1, native=native)
     infos = [None if x is None else TensorInfo.of(x) for x in inputs]
     kernel = cls(ctx, infos, cls.infer(ctx, infos))
+    # 16 queries padded to a strip of 32, 32 keys to 3 panels of 12: 64 x (32 + 36) + 32 x 32 + 2 x 32
+    assert tile_slot_floats(16, 32, 64) == 5440
     scores, slot_bytes = b * hq * sq * skv * 4, align(2 * tile_slot_floats(sq, skv, 64) * 4)
     assert (slot_bytes > scores) == (slots or skv > TILE_KEYS)
     assert kernel.workspace() == (max(scores, slot_bytes) if skv <= TILE_KEYS else scores)

@@ -79,14 +79,16 @@ class Scratch:
 
 TILE_VALUES = 16
 """The native loop runs on omrt's GEMM tile (csrc/attention.c) when each head's values are a
-multiple of this many (the tile reads V's rows where they lie, 16 floats at a time) and its keys
-at most TILE_KEYS. Elsewhere, or where the CPU has no vector tile, it multiplies through BLAS."""
+multiple of this many (the tile reads V's rows where they lie, 16 floats at a time), its keys at
+most TILE_KEYS and its threads at most parallel.MAX_SLOTS (a slot each). Elsewhere, or where the
+CPU has no vector tile, it multiplies through BLAS."""
 
 TILE_KEYS = 512
 """Keys at most for the tile path: its softmax passes over the whole transposed score block of a
-head, and the product by V reads that block's columns a row of scores apart. On an Intel Xeon
-(AVX-512, 2 MiB L2), one thread, heads of 64: 128 queries and keys took 0.77-0.83 of the BLAS
-path's time, 512 0.87-0.93, 1024 1.02-1.17, where BLAS's rows of scores stay in L1."""
+head (4 MiB over 1024 queries and keys), past L2, where BLAS's path keeps each row of scores in
+L1. On an Intel Xeon (AVX-512, 2 MiB L2), one Attention node, heads of 64, one thread: 128 queries
+and keys took 0.83-0.84 of the BLAS path's time, 512 0.87-0.88, 1024 0.96-1.05 (runs apart), 2048
+0.99-1.01: past 512 the gain is gone."""
 
 
 def tile_slot_floats(queries: int, keys: int, head: int) -> int:
@@ -278,12 +280,14 @@ class Attention(Kernel):
         if mask is not None:
             m4 = mask.reshape(self.mask4)
             mask_strides = [s // 4 if n > 1 else 0 for s, n in zip(m4.strides[:3], m4.shape[:3])]
-        flops = 2 * self.b * self.hq * self.sq * self.t * (self.d + self.dv)
-        scores = workspace if self.tiles else self.scratch.views(workspace)["s"]
-        threads = parallel.native_threads(flops, slots=parallel.MAX_SLOTS if self.tiles else 0)
+        threads = parallel.native_threads(2 * self.b * self.hq * self.sq * self.t * (self.d + self.dv))
+        # the tile path has a slot for MAX_SLOTS threads; per head it is not so much faster (about
+        # 1.15x) that it should give up more threads that BLAS's path would use
+        tiles = self.tiles and threads <= parallel.MAX_SLOTS
+        scores = workspace if tiles else self.scratch.views(workspace)["s"]
         return [self.native_attention.bind(q, k, v, mask, y, scores, self.b, self.hq, self.g, self.sq, self.t, self.d,
                                            self.dv, *strides[0], *strides[1], *strides[2], *strides[3],
-                                           *mask_strides, self.scale, int(self.tiles), threads)]
+                                           *mask_strides, self.scale, int(tiles), threads)]
 
     # -- layout helpers
 

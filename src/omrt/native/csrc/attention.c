@@ -91,6 +91,9 @@ static inline int64_t padded_queries(int64_t S) {
     return strips > panels ? strips : panels;
 }
 
+/* Keys padded for the tile path: K^T's columns are read as panels, OMRT_PANEL at a time. */
+static inline int64_t padded_keys(int64_t T) { return (T + OMRT_PANEL - 1) / OMRT_PANEL * OMRT_PANEL; }
+
 /* dst (n x rows, pitch ld, a multiple of 4) = src (rows x n, pitch sp) transposed, 4 x 4 blocks
  * at a time; zero in columns [rows, ld), which the tile reads for rows or columns it does not
  * store: zeros keep those sums free of stray NaNs and denormals. */
@@ -176,8 +179,7 @@ static OMRT_INLINE void attention_tiles(const attention_job *j, const float *q, 
 /* Floats of one thread's slot on the tile path: Q^T (D x SP), K^T (D x TP, TP keys padded to
  * panels), the scores transposed (T x SP) and two rows of SP. */
 static inline int64_t attention_slot(int64_t S, int64_t T, int64_t D) {
-    const int64_t SP = padded_queries(S), TP = (T + OMRT_PANEL - 1) / OMRT_PANEL * OMRT_PANEL;
-    return D * (SP + TP) + T * SP + 2 * SP;
+    return D * (padded_queries(S) + padded_keys(T)) + T * padded_queries(S) + 2 * padded_queries(S);
 }
 
 static OMRT_HOT void attention_part(void *p, int64_t item, int64_t thread) {
@@ -214,7 +216,6 @@ OMRT_EXPORT void omrt_attention_f32(const float *q, const float *k, const float 
                                     int64_t threads) {
     attention_job j = {q, k, v, mask, y, scores, H, G, S, T, D, DV, qb, qh, qs, kb, kh, kt,
                        vb, vh, vt, yb, yh, ys, mb, mh, ms, scale,
-                       padded_queries(S), (T + OMRT_PANEL - 1) / OMRT_PANEL * OMRT_PANEL,
-                       tiles ? attention_slot(S, T, D) : 0};
+                       padded_queries(S), padded_keys(T), tiles ? attention_slot(S, T, D) : 0};
     omrt_parallel(attention_part, &j, B * H, threads);
 }
