@@ -31,14 +31,25 @@ def spawn(script: str, args: list[str], env: dict | None = None) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def cpu_name() -> str:
-    """The host CPU as /proc/cpuinfo names it."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
-    except OSError:
-        names = []
-    return names[0] if names else platform.processor() or "unknown CPU"
+def cpu_name(cpuinfo: str | None = None) -> str:
+    """The host CPU as /proc/cpuinfo (or the text `cpuinfo`) names its first processor, with the
+    x86 family and model numbers when it gives them: a virtual machine's name often says only
+    "AMD EPYC", and the numbers tell one core generation from another (family 25 model 17 is a
+    Zen 4, family 26 a Zen 5)."""
+    if cpuinfo is None:
+        try:
+            with open("/proc/cpuinfo") as f:
+                cpuinfo = f.read()
+        except OSError:
+            cpuinfo = ""
+    first: dict[str, str] = {}
+    for line in cpuinfo.split("\n\n")[0].splitlines():
+        key, _, value = line.partition(":")
+        first.setdefault(key.strip(), value.strip())
+    name = first.get("model name") or platform.processor() or "unknown CPU"
+    if first.get("cpu family") and first.get("model"):
+        return f"{name} (family {first['cpu family']}, model {first['model']})"
+    return name
 
 
 def cpu_isa() -> str:

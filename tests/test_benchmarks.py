@@ -267,3 +267,18 @@ def test_compare_with_avx512_hidden_says_so_and_records_what_the_worker_saw(tmp_
     view = res["cpu_view"]
     assert view["cpuid_hidden"] > 0 and not view["numpy_avx512f"] and view["omrt_tile"] != "AVX-512"
     assert matches(res["threads"]["1"])
+
+
+def test_cpu_name_gives_the_family_and_model_a_virtual_machine_name_leaves_out():
+    sys.path.insert(0, BENCH)
+    try:
+        from figures import cpu_name
+    finally:
+        sys.path.remove(BENCH)
+    x86 = ("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 17\n"
+           "model name\t: AMD EPYC\nflags\t\t: fpu avx2\n\n"
+           "processor\t: 1\ncpu family\t: 26\nmodel\t\t: 2\nmodel name\t: Other\n")
+    assert cpu_name(x86) == "AMD EPYC (family 25, model 17)"  # the first processor's, not the last's
+    arm = "processor\t: 0\nBogoMIPS\t: 50.00\nCPU implementer\t: 0x41\nCPU part\t: 0xd0c\nmodel name\t: Neoverse\n"
+    assert cpu_name(arm) == "Neoverse"
+    assert cpu_name(open("/proc/cpuinfo").read() if os.path.exists("/proc/cpuinfo") else "") == cpu_name()
