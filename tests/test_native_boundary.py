@@ -159,6 +159,11 @@ OTHER_PATHS = [
     (bindings.PCONV2D, [_f32(1, 4, 5, 5), _f32(2, 36, 32), _f32(40), _f32(1, 40, 5, 5), _f32(1, 40, 5, 5),
                         _f32(36 * 25), _f32(2 * 36 * 32), 5, 0, 32, 2, 1, 4, 5, 5, 40, 1, 0, 1, 5, 5, 3, 3, 1, 1,
                         1, 1, 1, 1, 1, 0.0, 0.0]),
+    # a 1x1 layer over a 1x1 plane, the filters in the lanes: each strip streamed once over 5 taps
+    # (a last single step), 40 filters (a strip and part of one) with a residual, on two threads
+    (bindings.PCONV2D, [_f32(1, 5, 1, 1), _f32(2, 5, 32), _f32(40), _f32(1, 40, 1, 1), _f32(1, 40, 1, 1), _f32(1),
+                        _f32(2 * 5 * 32), 1, 0, 32, 2, 1, 5, 1, 1, 40, 1, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 1, 0.0,
+                        0.0]),
     # 2 groups of 7 filters, 1x1, shuffled: each group's single panel reads its own 2 channels and
     # writes every other plane, the residual beside it
     (bindings.PCONV2D, [_f32(1, 4, 8, 8), _f32(2, 2, 12), _f32(14), _f32(1, 14, 8, 8), _f32(1, 14, 8, 8), _f32(1),

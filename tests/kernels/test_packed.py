@@ -58,8 +58,11 @@ def _run(kernel: packed.PackedConv, x, w, bias, residual: np.ndarray | None = No
 
 def _takes_the_tile(kernel: packed.PackedConv, native) -> bool:
     """Whether a PackedConv over the library `native` should run on omrt's tile: enough output
-    positions, and a vector tile on this CPU (else BLAS multiplies: OMRT_GEMM_TILE=c)."""
-    return np.prod(kernel.outputs[0].shape[2:]) >= packed.MIN_POSITIONS and packed.gemm_tile(native) > 0
+    positions (or one, with the filters in the lanes), and a vector tile on this CPU (else BLAS
+    multiplies: OMRT_GEMM_TILE=c)."""
+    positions = int(np.prod(kernel.outputs[0].shape[2:]))
+    many = positions >= packed.MIN_POSITIONS or (kernel.lanes and positions == 1)
+    return many and packed.gemm_tile(native) > 0
 
 
 def test_each_group_has_panels_of_its_own():
@@ -216,6 +219,33 @@ def test_long_products_keep_bias_residual_and_activation(native, monkeypatch, c,
     try:
         kernel = _kernel(x, weight, b, {**attrs, **ACTS[act]}, native, r, lanes=lanes)
         assert (kernel.native_packed is not None) == _takes_the_tile(kernel, native)
+        ys = [_run(kernel, x, weight, b, r, over_residual) for over_residual in (False, True)]
+    finally:
+        omrt.set_num_threads(1)
+    want = _activated(conv + r, act)
+    for y in ys:
+        np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-4 * max(1.0, float(np.abs(want).max())))
+
+
+@pytest.mark.parametrize("filters, taps", [(40, 577), (1000, 1024), (24, 72)])
+@pytest.mark.parametrize("act", ["Clip", None])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_layers_over_one_position_stream_their_strips_with_bias_residual_and_activation(native, monkeypatch,
+                                                                                      filters, taps, act, threads):
+    """A 1x1 layer over a 1x1 plane (a classifier after global pooling, a squeeze-excite block's)
+    with its filters in the lanes runs on omrt's GEMM, each strip of 32 filters read once: an odd
+    depth (577: a last single step), a last partial strip (40, 1000 and 24 filters), split over
+    threads by filters; once into y and once over the residual."""
+    x, weight = randn(2, taps, 1, 1), randn(filters, taps, 1, 1) / np.float32(np.sqrt(taps))
+    b = randn(filters)
+    conv = reference("Conv", [x, weight, b], {})[0]
+    r = randn(*conv.shape)
+    monkeypatch.setattr(parallel, "NATIVE_SPLIT_FLOPS", 0)
+    omrt.set_num_threads(threads)
+    try:
+        kernel = _kernel(x, weight, b, dict(ACTS[act]), native, r, lanes=True)
+        assert packed.filter_lanes(1, filters, taps)
+        assert (kernel.native_packed is not None) == (packed.gemm_tile(native) > 0)
         ys = [_run(kernel, x, weight, b, r, over_residual) for over_residual in (False, True)]
     finally:
         omrt.set_num_threads(1)

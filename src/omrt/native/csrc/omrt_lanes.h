@@ -373,6 +373,51 @@ static inline int64_t omrt_lanes_depth(int64_t K, int64_t n, int64_t nr) {
     return (K + parts - 1) / parts;
 }
 
+#ifdef OMRT_X86
+/* sums[f] = strip (K x OMRT_MAX_NR) times the column b (K floats, ldb apart), for all 32 filters:
+ * the strip read front to back as one stream, two steps at a time into two sets of sums. */
+OMRT_AVX2 static inline void omrt_strip_column_avx2(const float *strip, int64_t K, const float *b, int64_t ldb,
+                                                    float *sums) {
+    __m256 acc[2][4];
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; j++) acc[0][j] = acc[1][j] = _mm256_setzero_ps();
+    int64_t k = 0;
+    for (; k + 2 <= K; k += 2)
+#pragma GCC unroll 2
+        for (int u = 0; u < 2; u++) {
+            const __m256 x = _mm256_broadcast_ss(b + (k + u) * ldb);
+#pragma GCC unroll 4
+            for (int j = 0; j < 4; j++)
+                acc[u][j] = _mm256_fmadd_ps(x, _mm256_loadu_ps(strip + (k + u) * OMRT_MAX_NR + 8 * j), acc[u][j]);
+        }
+    if (k < K) {
+        const __m256 x = _mm256_broadcast_ss(b + k * ldb);
+        for (int j = 0; j < 4; j++)
+            acc[0][j] = _mm256_fmadd_ps(x, _mm256_loadu_ps(strip + k * OMRT_MAX_NR + 8 * j), acc[0][j]);
+    }
+    for (int j = 0; j < 4; j++) _mm256_storeu_ps(sums + 8 * j, _mm256_add_ps(acc[0][j], acc[1][j]));
+}
+
+/* omrt_lanes_gemm of one column (a layer over a 1x1 plane: a squeeze-excite block, a classifier
+ * after global pooling): each strip is read once, front to back, and its sums go through the
+ * epilogue. Such a layer is bound by reading its filters. One stream of strips beats rows read 4
+ * side by side (as BLAS's sgemv reads them): 1024 filters, weights out of cache, in a C loop on an
+ * AMD Zen 4, 28.5 GB/s against 13.8 over 576 taps and 21.7 against 18.1 over 1024; the tile's
+ * way (half strips, a column of 12 mostly zero) took 1.8x the time of that sgemv with AVX2. */
+static inline void omrt_lanes_column(const float *strips, int64_t K, int64_t f0, int64_t f1, const float *b,
+                                     int64_t ldb, float *c, int64_t ldc, const omrt_epilogue *e) {
+    float sums[OMRT_MAX_NR];
+    for (int64_t f = f0; f < f1; f += OMRT_MAX_NR) {
+        const float *strip = strips + f / OMRT_MAX_NR * K * OMRT_MAX_NR;
+        const int64_t filters = f1 - f < OMRT_MAX_NR ? f1 - f : OMRT_MAX_NR;
+        omrt_strip_column_avx2(strip, K, b, ldb, sums);
+        const omrt_epilogue at = {e->bias ? e->bias + f : NULL, NULL, e->act, e->alpha, e->beta,
+                                  e->residual ? e->residual + (f - f0) * ldc : NULL};
+        omrt_lanes_store_c(sums, filters, 1, c + (f - f0) * ldc, ldc, &at);
+    }
+}
+#endif
+
 /* c (filters [f0, f1) as rows, n columns, pitch ldc; f0 a multiple of OMRT_MAX_NR) = those
  * filters, packed as strips (`strips`, indexed from filter 0), times b (K x n, pitch ldb), the
  * epilogue applied (bias indexed from filter 0, residual laid out as c). Strip by strip, so that
@@ -382,6 +427,12 @@ static inline void omrt_lanes_gemm(const float *strips, int64_t K, int64_t f0, i
                                    int64_t ldb, int64_t n, float *c, int64_t ldc, const omrt_epilogue *e,
                                    float *panel) {
     const omrt_gemm_kind kind = omrt_gemm_pick();
+#ifdef OMRT_X86
+    if (n == 1 && omrt_gemm_level_once() >= 1) {
+        omrt_lanes_column(strips, K, f0, f1, b, ldb, c, ldc, e);
+        return;
+    }
+#endif
     const omrt_epilogue plain = {NULL, NULL, OMRT_ACT_NONE, 0.0f, 0.0f, NULL};
     const int64_t whole = n / OMRT_PANEL * OMRT_PANEL, depth = omrt_lanes_depth(K, n, kind.nr);
     if (whole < n) omrt_pack_columns(b + whole, ldb, K, n - whole, panel);
