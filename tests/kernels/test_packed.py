@@ -210,8 +210,15 @@ def test_long_products_keep_bias_residual_and_activation(native, monkeypatch, c,
     filters end in a partial strip, and 6000 rows go in parts (the sums so far kept in y); once
     into y and once over the residual (the plan's PackedResidualConv.inplace)."""
     x, weight = randn(1, c, 9, 11), randn(filters, c, k, k) / np.float32(np.sqrt(c * k * k))
-    b = randn(filters)
-    attrs = {"pads": pads, "strides": [stride, stride]}
+    _matches_into_y_and_over_the_residual(native, monkeypatch, x, weight, {"pads": pads, "strides": [stride, stride]},
+                                          act, threads, lanes)
+
+
+def _matches_into_y_and_over_the_residual(native, monkeypatch, x, weight, attrs, act, threads, lanes) -> None:
+    """act(Conv(x, weight, bias) + a residual) by a PackedConv on `threads` threads (every call
+    split), against onnx.reference, run once into y and once over the residual; on the tile
+    exactly where `_takes_the_tile` says."""
+    b = randn(weight.shape[0])
     conv = reference("Conv", [x, weight, b], attrs)[0]
     r = randn(*conv.shape)
     monkeypatch.setattr(parallel, "NATIVE_SPLIT_FLOPS", 0)
@@ -236,22 +243,9 @@ def test_layers_over_one_position_stream_their_strips_with_bias_residual_and_act
     with its filters in the lanes runs on omrt's GEMM, each strip of 32 filters read once: an odd
     depth (577: a last single step), a last partial strip (40, 1000 and 24 filters), split over
     threads by filters; once into y and once over the residual."""
+    assert packed.filter_lanes(1, filters, taps)
     x, weight = randn(2, taps, 1, 1), randn(filters, taps, 1, 1) / np.float32(np.sqrt(taps))
-    b = randn(filters)
-    conv = reference("Conv", [x, weight, b], {})[0]
-    r = randn(*conv.shape)
-    monkeypatch.setattr(parallel, "NATIVE_SPLIT_FLOPS", 0)
-    omrt.set_num_threads(threads)
-    try:
-        kernel = _kernel(x, weight, b, dict(ACTS[act]), native, r, lanes=True)
-        assert packed.filter_lanes(1, filters, taps)
-        assert (kernel.native_packed is not None) == (packed.gemm_tile(native) > 0)
-        ys = [_run(kernel, x, weight, b, r, over_residual) for over_residual in (False, True)]
-    finally:
-        omrt.set_num_threads(1)
-    want = _activated(conv + r, act)
-    for y in ys:
-        np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-4 * max(1.0, float(np.abs(want).max())))
+    _matches_into_y_and_over_the_residual(native, monkeypatch, x, weight, {}, act, threads, lanes=True)
 
 
 def _product(a: np.ndarray, b: np.ndarray, bias: np.ndarray | None, attrs: dict, native) -> packed.PackedMatMul:
