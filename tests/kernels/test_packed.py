@@ -234,17 +234,20 @@ def _matches_into_y_and_over_the_residual(native, monkeypatch, x, weight, attrs,
         np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-4 * max(1.0, float(np.abs(want).max())))
 
 
-@pytest.mark.parametrize("filters, taps", [(40, 577), (1000, 1024), (24, 72)])
+@pytest.mark.parametrize("filters, channels, k", [(40, 577, 1), (1000, 1024, 1), (24, 72, 1), (40, 5, 3)])
 @pytest.mark.parametrize("act", ["Clip", None])
 @pytest.mark.parametrize("threads", [1, 2])
 def test_layers_over_one_position_stream_their_strips_with_bias_residual_and_activation(native, monkeypatch,
-                                                                                      filters, taps, act, threads):
-    """A 1x1 layer over a 1x1 plane (a classifier after global pooling, a squeeze-excite block's)
-    with its filters in the lanes runs on omrt's GEMM, each strip of 32 filters read once: an odd
-    depth (577: a last single step), a last partial strip (40, 1000 and 24 filters), split over
-    threads by filters; once into y and once over the residual."""
-    assert packed.filter_lanes(1, filters, taps)
-    x, weight = randn(2, taps, 1, 1), randn(filters, taps, 1, 1) / np.float32(np.sqrt(taps))
+                                                                                      filters, channels, k, act,
+                                                                                      threads):
+    """A layer of one output position (a 1x1 layer over a 1x1 plane: a classifier after global
+    pooling, a squeeze-excite block's; or a 3x3 one over a 3x3 plane, its taps gathered into a
+    column of the im2col buffer rather than read from x) with its filters in the lanes runs on
+    omrt's GEMM, each strip of 32 filters read once: an odd depth (577 and 45: a last single
+    step), a last partial strip (40, 1000 and 24 filters), split over threads by filters; once
+    into y and once over the residual."""
+    assert packed.filter_lanes(1, filters, channels * k * k)
+    x, weight = randn(2, channels, k, k), randn(filters, channels, k, k) / np.float32(np.sqrt(channels * k * k))
     _matches_into_y_and_over_the_residual(native, monkeypatch, x, weight, {}, act, threads, lanes=True)
 
 
