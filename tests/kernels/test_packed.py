@@ -20,7 +20,7 @@ from onnx.reference import ReferenceEvaluator
 from kernel_check import randn, reference
 import omrt
 from omrt.errors import ShapeError
-from omrt.kernels import OpContext, TensorInfo, packed, parallel
+from omrt.kernels import OpContext, TensorInfo, packed, parallel, window
 from omrt.native.bindings import GEMM_TILES
 from test_native_kernels import ACTS, _activated
 
@@ -249,6 +249,18 @@ def test_layers_over_one_position_stream_their_strips_with_bias_residual_and_act
     assert packed.filter_lanes(1, filters, channels * k * k)
     x, weight = randn(2, channels, k, k), randn(filters, channels, k, k) / np.float32(np.sqrt(channels * k * k))
     _matches_into_y_and_over_the_residual(native, monkeypatch, x, weight, {}, act, threads, lanes=True)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_last_chunk_of_one_position_reads_its_column_a_chunk_pitch_apart(native, monkeypatch, threads):
+    """A 2x2 layer over a 50x2 plane has 49 output rows of one position each. With the column
+    buffer's cap lowered so that this small layer needs chunks (as a deep layer over a tall, thin
+    plane would under the real cap), its rows go 16 to a chunk on one thread and 8 on two, so the
+    last chunk holds one position: its column lies in a buffer whose rows are a whole chunk
+    (16 or 8 floats) apart, and each strip of filters streams over it reading every such row."""
+    monkeypatch.setattr(window, "WORKSPACE_CAP", 16 * 16 * 2 * 2 * 4)
+    x, weight = randn(1, 16, 50, 2), randn(40, 16, 2, 2) / np.float32(8)
+    _matches_into_y_and_over_the_residual(native, monkeypatch, x, weight, {}, "Clip", threads, lanes=True)
 
 
 def _product(a: np.ndarray, b: np.ndarray, bias: np.ndarray | None, attrs: dict, native) -> packed.PackedMatMul:
