@@ -251,6 +251,35 @@ def test_layers_over_one_position_stream_their_strips_with_bias_residual_and_act
     _matches_into_y_and_over_the_residual(native, monkeypatch, x, weight, {}, act, threads, lanes=True)
 
 
+@pytest.mark.parametrize("plane", [(1, 17), (2, 9), (1, 19), (4, 5), (7, 7)])
+@pytest.mark.parametrize("channels", [5, 67])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_the_last_few_positions_past_a_multiple_of_16_go_through_the_tail(native, monkeypatch, plane, channels,
+                                                                          threads):
+    """1 to 4 positions past a multiple of 16 (17-20 and a 7x7 plane's 49) are multiplied by each
+    whole panel of filters in the GEMM's narrow tail, not by a tile of 16 or 32 columns: every
+    count of them, depths that leave steps over after the tail's unrolled ones (5 and 67 taps),
+    40 filters (a last panel of 4), split over threads by filters; with bias, residual and
+    activation, into y and over the residual. With AVX2, a plane whose rows do not start on cache
+    lines (7x7: 49 floats apart) is first copied whole into the GEMM's scratch."""
+    x, weight = randn(1, channels, *plane), randn(40, channels, 1, 1) / np.float32(np.sqrt(channels))
+    _matches_into_y_and_over_the_residual(native, monkeypatch, x, weight, {}, "Clip", threads, lanes=False)
+
+
+def test_a_plan_an_older_omrt_made_runs_a_small_plane_a_block_at_a_time(native):
+    """A 7x7 layer of 512 taps copies its 49 columns into one block of 64 per thread; a plan made
+    before (a file an older omrt compiled) gives blocks of 32: the kernel fits itself to them and
+    still runs on the tile, in two blocks."""
+    x, weight, b = randn(1, 512, 7, 7), randn(40, 512, 1, 1) / np.float32(16), randn(40)
+    kernel = _kernel(x, weight, b, {}, native)
+    assert kernel.block == 64
+    older = kernel.conv_workspace_bytes + parallel.MAX_SLOTS * packed.align(512 * 32 * 4)
+    assert kernel.fit_workspace(older) and kernel.workspace() == older and kernel.block == 32
+    assert (kernel.native_packed is not None) == _takes_the_tile(kernel, native)
+    want = reference("Conv", [x, weight, b], {})[0]
+    np.testing.assert_allclose(_run(kernel, x, weight, b), want, rtol=1e-4, atol=1e-4 * float(np.abs(want).max()))
+
+
 @pytest.mark.parametrize("threads", [1, 2])
 def test_a_last_chunk_of_one_position_reads_its_column_a_chunk_pitch_apart(native, monkeypatch, threads):
     """A 2x2 layer over a 50x2 plane has 49 output rows of one position each. With the column
@@ -375,24 +404,27 @@ got = trusted.session().run({{"x": x}})["y"]
 want = omrt.load({path!r}).session().run({{"x": x}})["y"]
 model_error = float(np.abs(got - want).max() / np.abs(want).max())
 
-# one layer where numpy has no CBLAS: the tile runs even where BLAS would be faster; its filters
-# in panels, then in the lanes (40 filters: a whole strip and part of one; 36 positions: 3 panels)
+# layers where numpy has no CBLAS: the tile runs even where BLAS would be faster. A 3x3 layer of
+# stride 2 with its filters in panels, then in the lanes (40 filters: a whole strip and part of
+# one; 36 positions: 3 panels, or 32 columns and the last 4 through the tail), and a 1x1 layer over
+# a 7x7 plane (the 49th position through the tail; with AVX2 the plane copied whole first)
 library = copy.copy(trusted.native)
 library.blas = False
 w, b = rng.standard_normal((40, 16, 3, 3)).astype(np.float32), rng.standard_normal(40).astype(np.float32)
-ref = np.empty((1, 40, 6, 6), np.float32)
-omrt.run_op("Conv", [x, w, b], [ref], pads=[1, 1, 1, 1], strides=[2, 2])
+x7 = rng.standard_normal((1, 16, 7, 7)).astype(np.float32)
 layer_error = 0.0
-for lanes, packing in ((0, packed.pack_panels(w)), (1, packed.pack_filter_strips(w))):
-    infos = [TensorInfo(x.dtype, x.shape), TensorInfo(w.dtype, w.shape), TensorInfo(b.dtype, b.shape),
-             TensorInfo(w.dtype, packing.shape)]
-    ctx = OpContext({{"pads": [1, 1, 1, 1], "strides": [2, 2], "lanes": lanes}}, 1, name="t", op_type="PackedConv",
-                    native=library)
-    kernel = packed.PackedConv(ctx, infos, packed.PackedConv.infer(ctx, infos))
-    assert kernel.native_packed is not None
-    y = np.full(kernel.outputs[0].shape, np.nan, np.float32)
-    kernel.run([x, w, b, packing], [y], np.zeros(kernel.workspace(), np.uint8))
-    layer_error = max(layer_error, float(np.abs(y - ref).max() / np.abs(ref).max()))
+for x_in, w_in, attrs in ((x, w, {{"pads": [1, 1, 1, 1], "strides": [2, 2]}}), (x7, w[:, :, 1:2, 1:2].copy(), {{}})):
+    ref = np.empty((1, 40) + ((6, 6) if x_in is x else (7, 7)), np.float32)
+    omrt.run_op("Conv", [x_in, w_in, b], [ref], **attrs)
+    for lanes, packing in ((0, packed.pack_panels(w_in)), (1, packed.pack_filter_strips(w_in))):
+        infos = [TensorInfo(x_in.dtype, x_in.shape), TensorInfo(w_in.dtype, w_in.shape), TensorInfo(b.dtype, b.shape),
+                 TensorInfo(w_in.dtype, packing.shape)]
+        ctx = OpContext({{**attrs, "lanes": lanes}}, 1, name="t", op_type="PackedConv", native=library)
+        kernel = packed.PackedConv(ctx, infos, packed.PackedConv.infer(ctx, infos))
+        assert kernel.native_packed is not None
+        y = np.full(kernel.outputs[0].shape, np.nan, np.float32)
+        kernel.run([x_in, w_in, b, packing], [y], np.zeros(kernel.workspace(), np.uint8))
+        layer_error = max(layer_error, float(np.abs(y - ref).max() / np.abs(ref).max()))
 print(packed.gemm_tile(trusted.native), model_error, layer_error)
 """
 

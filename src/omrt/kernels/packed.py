@@ -57,8 +57,19 @@ def runs_packed(positions: int, lanes: bool) -> bool:
     return positions >= MIN_POSITIONS or (lanes and positions == 1)
 
 
-def block_columns(taps: int) -> int:
-    """Columns the GEMM copies at a time for `taps` rows: a multiple of STRIP, 1 to 8 strips."""
+def block_columns(taps: int, positions: int) -> int:
+    """Columns the GEMM copies at a time for `taps` rows: a multiple of STRIP, 1 to 8 strips, and
+    all of a plane of at most two strips (`positions` output positions: 7x7, 8x8). The GEMM copies
+    such a plane whole where its rows do not start on cache lines (omrt_copies_whole_b), and each
+    panel of filters is then read once rather than once per block; the copy takes no more floats
+    than the plane's column buffer, where the layer has one."""
+    block = _blocks_of_l1(taps)
+    plane = -(-positions // STRIP) * STRIP
+    return max(block, plane) if plane <= 2 * STRIP else block
+
+
+def _blocks_of_l1(taps: int) -> int:
+    """Columns of `taps` rows in about BLOCK_FLOATS: a multiple of STRIP, 1 to 8 strips."""
     return max(STRIP, min(8 * STRIP, BLOCK_FLOATS // taps // STRIP * STRIP))
 
 
@@ -174,15 +185,31 @@ class PackedConv(Conv):
         if self.residual:
             ctx = replace(ctx, attrs={k: v for k, v in ctx.attrs.items() if not k.startswith("_act")})
         super().__init__(ctx, inputs, outputs)
-        taps = math.prod(inputs[1].shape[1:])
-        self.block = block_columns(taps)
-        self.strip_bytes = align(taps * self.block * 4)
         self.conv_workspace_bytes = self.workspace_bytes
-        self.workspace_bytes += parallel.MAX_SLOTS * self.strip_bytes
+        self._use_block(block_columns(self.taps, math.prod(self.win.out)))
         self.lanes = int(ctx.attrs.get("lanes", 0))
         """Whether input 3 holds the filters as strips (pack_filter_strips) rather than panels."""
         self._check_packing(ctx, inputs[1], inputs[3] if len(inputs) > 3 else None)
         self.native_packed = self._native_packed(self.post, inputs[0])
+
+    @property
+    def taps(self) -> int:
+        """Rows of the product: C / G * KH * KW."""
+        return math.prod(self.inputs[1].shape[1:])
+
+    def _use_block(self, block: int) -> None:
+        """Copy `block` columns at a time (its strips, one per slot, after the Conv's workspace)."""
+        self.block = block
+        self.strip_bytes = align(self.taps * block * 4)
+        self.workspace_bytes = self.conv_workspace_bytes + parallel.MAX_SLOTS * self.strip_bytes
+
+    def fit_workspace(self, nbytes: int) -> bool:
+        """A plan made before small planes were copied whole (block_columns; a file an older omrt
+        compiled) gives the strips of fewer columns: the GEMM takes such a plane a block at a
+        time, as it did then."""
+        if self.workspace_bytes > nbytes:
+            self._use_block(_blocks_of_l1(self.taps))
+        return super().fit_workspace(nbytes)
 
     def _check_packing(self, ctx: OpContext, w: TensorInfo, packing: TensorInfo | None) -> None:
         """Refuse packed filters of another shape than the packing the node names: the native

@@ -136,14 +136,16 @@ CONSTANTS = {
     "LSTM_PANEL": 64,
     "GEMM_PANEL": 12,
     "GEMM_MAX_NR": 32,
+    "GEMM_TAIL_COLS": 4,
     "DECONV_MAX_K": 8,
     "WINOGRAD_SKEW": 16,
 }
 """Names the contracts may use: the widest window the loops take (they keep one or two int64 per
 tap on the stack), the nodes of Gelu's table (1/1024 apart over [-7, 6], csrc/elementwise.c), the
 threads of the worker pool, the caller's included (csrc/workers.c), the rows of R in each
-panel of the LSTM loop (csrc/recurrent.c), the rows of a packed weight panel and the widest
-column strip of omrt's GEMM (csrc/omrt_gemm.h), and the widest kernel of the stride-K transposed
+panel of the LSTM loop (csrc/recurrent.c), the rows of a packed weight panel, the widest
+column strip of omrt's GEMM and the most columns past a multiple of 16 it takes through its
+narrow tail (csrc/omrt_gemm.h), and the widest kernel of the stride-K transposed
 convolution, whose taps' sums it keeps on the stack (csrc/conv.c), and the floats between one
 element of Winograd's transformed tiles and the next past their strips (csrc/winograd.c)."""
 

@@ -71,6 +71,16 @@ static inline float omrt_act1(float v, const omrt_epilogue *e) {
     }
 }
 
+/* c[f, r] = the epilogue of sums[r, f] (OMRT_MAX_NR floats per row r) for filters f < filters and
+ * columns r < cols; bias and residual as a tile's (bias[f], residual laid out as c; no col_bias). */
+static inline void omrt_store_transposed(const float *sums, int64_t filters, int64_t cols, float *c, int64_t ldc,
+                                         const omrt_epilogue *e) {
+    for (int64_t f = 0; f < filters; f++)
+        for (int64_t r = 0; r < cols; r++)
+            c[f * ldc + r] = omrt_act1(sums[r * OMRT_MAX_NR + f] + (e->bias ? e->bias[f] : 0.0f) +
+                                           (e->residual ? e->residual[f * ldc + r] : 0.0f), e);
+}
+
 /* c rows [0, rows), columns [0, cols) (pitch ldc) = a (rows of a panel from `a`, lda floats apart
  * per k: OMRT_PANEL, or the pitch of columns read in place) times strip b (K rows of the tile's
  * width, `bks` floats apart), then the epilogue; the plain C tile, 16 columns wide. */
@@ -280,7 +290,71 @@ OMRT_AVX2 static inline void omrt_tile_avx2(int64_t K, const float *a, int64_t l
         }
     }
 }
+/* Columns of a product past its last whole strip, when at most this many: they go through
+ * omrt_panel_tail_avx2, not through a tile 16 or 32 columns wide, which costs as much for one
+ * column as for all of them (a 7x7 layer's 49th position, a 14x14 layer's last 4 with AVX2). */
+#define OMRT_TAIL_COLS 4
+
+/* Step k of omrt_tail_sums_avx2 into one set of sums: the panel's 12 floats at k times each
+ * column's element at k. */
+OMRT_AVX2 static OMRT_INLINE void omrt_tail_step_avx2(const float *panel, const float *b, int64_t bks, int64_t k,
+                                                      int cols, __m256 lo[OMRT_TAIL_COLS],
+                                                      __m128 hi[OMRT_TAIL_COLS]) {
+    const __m256 a0 = _mm256_loadu_ps(panel + k * OMRT_PANEL);
+    const __m128 a1 = _mm_loadu_ps(panel + k * OMRT_PANEL + 8);
+#pragma GCC unroll 4
+    for (int j = 0; j < cols; j++) {
+        const __m256 x = _mm256_broadcast_ss(b + k * bks + j);
+        lo[j] = _mm256_fmadd_ps(a0, x, lo[j]);
+        hi[j] = _mm_fmadd_ps(a1, _mm256_castps256_ps128(x), hi[j]);
+    }
+}
+
+/* sums[j * OMRT_MAX_NR + r] = row r of a whole panel (K steps of OMRT_PANEL floats) times column j
+ * of b (K rows, bks floats apart), for `cols` columns (a constant, at most OMRT_TAIL_COLS), the
+ * panel read once; `unroll` steps (a constant) at a time, each into sums of its own, so that 6-8
+ * chains of FMAs run side by side. */
+OMRT_AVX2 static OMRT_INLINE void omrt_tail_sums_avx2(int64_t K, const float *panel, const float *b, int64_t bks,
+                                                      int cols, int unroll, float *sums) {
+    __m256 lo[4][OMRT_TAIL_COLS];
+    __m128 hi[4][OMRT_TAIL_COLS];
+    for (int u = 0; u < unroll; u++)
+        for (int j = 0; j < cols; j++) {
+            lo[u][j] = _mm256_setzero_ps();
+            hi[u][j] = _mm_setzero_ps();
+        }
+    int64_t k = 0;
+    for (; k + unroll <= K; k += unroll)
+#pragma GCC unroll 4
+        for (int u = 0; u < unroll; u++) omrt_tail_step_avx2(panel, b, bks, k + u, cols, lo[u], hi[u]);
+    for (; k < K; k++) omrt_tail_step_avx2(panel, b, bks, k, cols, lo[0], hi[0]);
+    for (int j = 0; j < cols; j++) {
+        for (int u = 1; u < unroll; u++) {
+            lo[0][j] = _mm256_add_ps(lo[0][j], lo[u][j]);
+            hi[0][j] = _mm_add_ps(hi[0][j], hi[u][j]);
+        }
+        _mm256_storeu_ps(sums + j * OMRT_MAX_NR, lo[0][j]);
+        _mm_storeu_ps(sums + j * OMRT_MAX_NR + 8, hi[0][j]);
+    }
+}
+
+/* c (rows <= OMRT_PANEL rows, cols <= OMRT_TAIL_COLS columns, pitch ldc) = a whole panel (K steps)
+ * times columns of b (K rows, bks floats apart), then the epilogue (no col_bias). One column
+ * costs a step per cycle where a tile of 12 x 16 costs six. */
+OMRT_AVX2 static inline void omrt_panel_tail_avx2(int64_t K, const float *panel, const float *b, int64_t bks,
+                                                  float *c, int64_t ldc, int64_t rows, int64_t cols,
+                                                  const omrt_epilogue *e) {
+    float sums[OMRT_TAIL_COLS * OMRT_MAX_NR];
+    switch (cols) {
+    case 1: omrt_tail_sums_avx2(K, panel, b, bks, 1, 4, sums); break;
+    case 2: omrt_tail_sums_avx2(K, panel, b, bks, 2, 2, sums); break;
+    case 3: omrt_tail_sums_avx2(K, panel, b, bks, 3, 1, sums); break;
+    default: omrt_tail_sums_avx2(K, panel, b, bks, 4, 1, sums); break;
+    }
+    omrt_store_transposed(sums, rows, cols, c, ldc, e);
+}
 #endif
+
 
 typedef void (*omrt_tile_fn)(int64_t, const float *, int64_t, const float *, int64_t, float *, int64_t, int64_t,
                              int64_t, const omrt_epilogue *);
@@ -394,6 +468,23 @@ static inline int64_t omrt_b_in_l2(void) {
     return floats;
 }
 
+/* Whether omrt_panel_gemm copies all n columns of b (pitch ldb) into one block of its scratch
+ * (`block` columns) rather than reading them where b lies: with a tile 16 columns wide (AVX2),
+ * when b's rows do not start on cache lines, since each of its loads then touches two. 512 -> 2048
+ * filters over a 7x7 plane (49 floats a row), one thread, weights out of cache, on an AMD Zen 4:
+ * 1230 us a layer copied, 1475 in place, 1090 for 48 columns in place at a pitch of 48. The
+ * AVX-512 tile asks for its operands ahead and took the same time either way. */
+static inline int omrt_copies_whole_b(int64_t ldb, int64_t n, int64_t block, int64_t nr) {
+    return nr < OMRT_MAX_NR && ldb % 16 != 0 && n <= block;
+}
+
+/* The last columns of w that omrt_panel_gemm takes through omrt_panel_tail_avx2: those past the
+ * last 16 (a whole AVX2 strip, half an AVX-512 one, whose tile then costs half), when there are
+ * at most OMRT_TAIL_COLS of them and a vector tile runs. */
+static inline int64_t omrt_tail_cols(int64_t w) {
+    return omrt_gemm_level_once() >= 1 && w % 16 <= OMRT_TAIL_COLS ? w % 16 : 0;
+}
+
 /* c (rows [m0, m1) of the output, n columns, pitch ldc) = rows [m0, m1) of the packed weights
  * `panels` (K columns; m0 a multiple of OMRT_PANEL) times b (K x n, pitch ldb), bias (per row,
  * indexed from row 0), the residual (laid out as c) and activation applied. b is taken `block`
@@ -403,17 +494,18 @@ static inline int64_t omrt_b_in_l2(void) {
  * A b of at most omrt_b_in_l2() floats is taken whole, its whole strips read in place (only its
  * last, partial strip copied). With `fetch_b`, each block also asks for the next block's columns
  * of b: for a b that lies where no cache holds it (a layer's input); columns just gathered into a
- * buffer are near already, and asking again for them took 6-8% of a 7x7 stem's time. */
+ * buffer are near already, and asking again for them took 6-8% of a 7x7 stem's time. The last
+ * few columns past the whole strips go through omrt_panel_tail_avx2 (see OMRT_TAIL_COLS). */
 static inline void omrt_panel_gemm(const float *panels, int64_t K, int64_t m0, int64_t m1, const float *b,
                                    int64_t ldb, int64_t n, float *c, int64_t ldc, const omrt_epilogue *e,
                                    float *scratch, int64_t block, int fetch_b) {
     const omrt_gemm_kind kind = omrt_gemm_pick();
-    const int whole = K * ldb <= omrt_b_in_l2();
+    const int whole = K * ldb <= omrt_b_in_l2() && !omrt_copies_whole_b(ldb, n, block, kind.nr);
     const int64_t span = whole ? n : block; /* columns per pass */
     for (int64_t p = 0; p < n; p += span) {
-        const int64_t w = n - p < span ? n - p : span;
-        const int64_t in_place = whole || m1 - m0 <= OMRT_IN_PLACE_ROWS ? w / kind.nr * kind.nr : 0; /* columns */
-        if (w > in_place) omrt_pack_strips(b + p + in_place, ldb, K, w - in_place, kind.nr, scratch);
+        const int64_t w = n - p < span ? n - p : span, tail = omrt_tail_cols(w), tiled = w - tail;
+        const int64_t in_place = whole || m1 - m0 <= OMRT_IN_PLACE_ROWS ? tiled / kind.nr * kind.nr : 0; /* columns */
+        if (tiled > in_place) omrt_pack_strips(b + p + in_place, ldb, K, tiled - in_place, kind.nr, scratch);
         /* the next block's columns of b, c and the residual are many short runs of rows that no
          * hardware prefetcher follows: each step of rows asks for its share of them */
         const int64_t next = n - p - span < span ? n - p - span : span;
@@ -428,14 +520,22 @@ static inline void omrt_panel_gemm(const float *panels, int64_t K, int64_t m0, i
                 omrt_prefetch_columns(c + (m - m0) * ldc, ldc, rows, p + span, next, 1);
                 if (e->residual) omrt_prefetch_columns(e->residual + (m - m0) * ldc, ldc, rows, p + span, next, 0);
             }
-            for (int64_t s = 0; s * kind.nr < w; s++) {
-                const int64_t cols = w - s * kind.nr < kind.nr ? w - s * kind.nr : kind.nr;
+            for (int64_t s = 0; s * kind.nr < tiled; s++) {
+                const int64_t cols = tiled - s * kind.nr < kind.nr ? tiled - s * kind.nr : kind.nr;
                 const int64_t at_c = (m - m0) * ldc + p + s * kind.nr;
                 const int placed = s * kind.nr < in_place;
                 const float *strip = placed ? b + p + s * kind.nr : scratch + (s - in_place / kind.nr) * K * kind.nr;
                 at.residual = e->residual ? e->residual + at_c : NULL;
                 kind.tile(K, a, OMRT_PANEL, strip, placed ? ldb : kind.nr, c + at_c, ldc, rows, cols, &at);
             }
+#ifdef OMRT_X86
+            if (tail && (m - m0) % OMRT_PANEL == 0) { /* the whole panel's, read in place from b */
+                const int64_t at_c = (m - m0) * ldc + p + tiled;
+                at.residual = e->residual ? e->residual + at_c : NULL;
+                omrt_panel_tail_avx2(K, a, b + p + tiled, ldb, c + at_c, ldc, m1 - m < OMRT_PANEL ? m1 - m : OMRT_PANEL,
+                                     tail, &at);
+            }
+#endif
         }
     }
 }

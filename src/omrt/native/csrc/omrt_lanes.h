@@ -275,18 +275,8 @@ static inline void omrt_pack_columns(const float *b, int64_t ldb, int64_t K, int
     }
 }
 
-/* c[f, r] = the epilogue of sums[r, f] (OMRT_MAX_NR floats per row r) for filters f < filters and
- * columns r < cols; bias and residual as the tile's (bias[f], residual laid out as c). */
-static inline void omrt_lanes_store_c(const float *sums, int64_t filters, int64_t cols, float *c, int64_t ldc,
-                                      const omrt_epilogue *e) {
-    for (int64_t f = 0; f < filters; f++)
-        for (int64_t r = 0; r < cols; r++)
-            c[f * ldc + r] = omrt_act1(sums[r * OMRT_MAX_NR + f] + (e->bias ? e->bias[f] : 0.0f) +
-                                           (e->residual ? e->residual[f * ldc + r] : 0.0f), e);
-}
-
 #ifdef OMRT_X86
-/* omrt_lanes_store_c through 16 x 16 transposes. */
+/* omrt_store_transposed through 16 x 16 transposes. */
 OMRT_AVX512 static inline void omrt_lanes_store_avx512(const float *sums, int64_t filters, int64_t cols, float *c,
                                                        int64_t ldc, const omrt_epilogue *e) {
     const __mmask16 inside = omrt_lane_mask(0, cols);
@@ -304,7 +294,7 @@ OMRT_AVX512 static inline void omrt_lanes_store_avx512(const float *sums, int64_
     }
 }
 
-/* omrt_lanes_store_c through 8 x 8 transposes. */
+/* omrt_store_transposed through 8 x 8 transposes. */
 OMRT_AVX2 static inline void omrt_lanes_store_avx2(const float *sums, int64_t filters, int64_t cols, float *c,
                                                    int64_t ldc, const omrt_epilogue *e) {
     for (int64_t r0 = 0; r0 < cols; r0 += 8) {
@@ -332,7 +322,7 @@ OMRT_AVX2 static inline void omrt_lanes_store_avx2(const float *sums, int64_t fi
 }
 #endif
 
-/* The tile's sums (sums[r, f]) into c transposed, at the CPU's width (see omrt_lanes_store_c). */
+/* The tile's sums (sums[r, f]) into c transposed, at the CPU's width (see omrt_store_transposed). */
 static inline void omrt_lanes_store(const float *sums, int64_t filters, int64_t cols, float *c, int64_t ldc,
                                     const omrt_epilogue *e) {
 #ifdef OMRT_X86
@@ -345,7 +335,7 @@ static inline void omrt_lanes_store(const float *sums, int64_t filters, int64_t 
         return;
     }
 #endif
-    omrt_lanes_store_c(sums, filters, cols, c, ldc, e);
+    omrt_store_transposed(sums, filters, cols, c, ldc, e);
 }
 
 /* Rows of the product a tile narrower than a strip (AVX2: 16 of its 32 filters) takes at a time:
@@ -413,7 +403,7 @@ static inline void omrt_lanes_column(const float *strips, int64_t K, int64_t f0,
         omrt_strip_column_avx2(strip, K, b, ldb, sums);
         const omrt_epilogue at = {e->bias ? e->bias + f : NULL, NULL, e->act, e->alpha, e->beta,
                                   e->residual ? e->residual + (f - f0) * ldc : NULL};
-        omrt_lanes_store_c(sums, filters, 1, c + (f - f0) * ldc, ldc, &at);
+        omrt_store_transposed(sums, filters, 1, c + (f - f0) * ldc, ldc, &at);
     }
 }
 #endif
