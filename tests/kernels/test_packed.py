@@ -120,24 +120,28 @@ def test_packed_filters_of_another_packing_than_the_node_names_are_refused(nativ
 
 
 @pytest.mark.parametrize("positions, filters, taps, lanes", [
-    (49, 512, 2048, True), (49, 64, 64, True),          # 7x7: strips of positions 0.77 full
-    (196, 256, 128, False), (196, 128, 64, False),      # 14x14: 0.94 full, not enough better
+    (21, 512, 2048, True), (21, 64, 64, True),          # 3x7: strips of positions 0.66 full
+    (21, 64, 16, False),                                # too shallow
+    (17, 40, 67, False), (20, 40, 67, False),           # the last 1-4 in the tail, strips full
+    (49, 512, 2048, False), (49, 64, 64, False),        # 7x7: the 49th in the tail
+    (196, 256, 128, False), (196, 128, 64, False),      # 14x14: the last 4 in the tail
     (169, 1000, 512, False), (169, 256, 64, False),     # 13x13, 56x56: as full either way
     (3136, 64, 256, False), (3136, 256, 64, False),
-    (12321, 64, 27, False), (49, 40, 64, False)])       # a stem; 40 filters: strips 0.83 full
+    (12321, 64, 27, False), (21, 40, 64, False),        # a stem; 40 filters: strips 0.83 full
+    (1, 1000, 1024, True), (1, 4, 1024, False)])        # one position: lanes unless 4 filters or fewer
 def test_layers_of_few_positions_and_deep_enough_products_put_the_filters_in_the_lanes(positions, filters, taps,
                                                                                        lanes):
     assert packed.filter_lanes(positions, filters, taps) is lanes
 
 
-def test_a_7x7_layer_compiles_with_its_filters_in_the_lanes_and_agrees_untrusted(native, tmp_path):
+def test_a_3x7_layer_compiles_with_its_filters_in_the_lanes_and_agrees_untrusted(native, tmp_path):
     rng = np.random.default_rng(3)
     w = (rng.standard_normal((64, 96, 1, 1)) / 10).astype(np.float32)
     b = rng.standard_normal(64).astype(np.float32)
     graph = helper.make_graph(
         [helper.make_node("Conv", ["x", "w", "b"], ["c"]), helper.make_node("Relu", ["c"], ["y"])], "g",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 96, 7, 7])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64, 7, 7])],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 96, 3, 7])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64, 3, 7])],
         [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")])
     src, path = tmp_path / "m.onnx", tmp_path / "m.om"
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), src)
@@ -145,7 +149,7 @@ def test_a_7x7_layer_compiles_with_its_filters_in_the_lanes_and_agrees_untrusted
     trusted = omrt.load(str(path), trust_kernels=True)
     node = trusted.graph.nodes[0]
     assert (node.op_type, node.attrs.get("lanes"), node.inputs[3]) == ("PackedConv", 1, "w__lanes")
-    x = rng.standard_normal((1, 96, 7, 7)).astype(np.float32)
+    x = rng.standard_normal((1, 96, 3, 7)).astype(np.float32)
     want = np.maximum(np.einsum("mc,nchw->nmhw", w[:, :, 0, 0], x) + b[:, None, None], 0)
     for model in (trusted, omrt.load(str(path))):
         got = model.session().run({"x": x})["y"]

@@ -34,6 +34,10 @@ PANEL = CONSTANTS["GEMM_PANEL"]
 STRIP = CONSTANTS["GEMM_MAX_NR"]
 """Columns of the widest strip a tile reads."""
 
+TAIL_COLS = CONSTANTS["GEMM_TAIL_COLS"]
+"""The most columns past a multiple of 16 that the GEMM takes through its narrow tail (a panel of
+filters times a few columns, csrc/omrt_gemm.h) rather than through a tile 16 or 32 columns wide."""
+
 BLOCK_FLOATS = 8192
 """Floats of columns the GEMM copies at a time, per thread: 32 KiB, about an L1 data cache."""
 
@@ -106,7 +110,12 @@ either way (13x13, 28x28, 56x56) of 256-512 taps 0.90-0.97. On an Intel Xeon (AV
 only the 7x7 layers held about even (0.87-1.08 in ResNet-50); its 14x14 layers took up to 1.2 of the
 time of panels at two threads, and its 28x28 and 56x56 ones 1.2-2.2 at one. With only the 7x7
 rule, whole models there took 0.89 / 0.92 of the time at one / two threads (resnet50),
-0.90 / 0.87 (densenet121), 0.94 / 0.88 (inception_v2), 0.94 / 0.92 (squeezenet)."""
+0.90 / 0.87 (densenet121), 0.94 / 0.88 (inception_v2), 0.94 / 0.92 (squeezenet).
+
+Since the panels' GEMM takes a last TAIL_COLS columns or fewer through its narrow tail, a 7x7
+layer fills its panels (48 columns in strips, the 49th in the tail) and runs on them: on an AMD
+Zen 4, one thread, 1x1 layers over 7x7 of 96-2048 taps took 0.80-1.11 of the lanes' time with
+AVX-512 hidden (512 -> 2048: 1214 us against 1482) and 0.80-1.05 with it (1015 against 1071)."""
 
 
 def _filled(n: int, unit: int, last: int) -> float:
@@ -116,14 +125,26 @@ def _filled(n: int, unit: int, last: int) -> float:
     return n / (whole * unit + -(-rest // last) * last)
 
 
+def _positions_filled(positions: int) -> float:
+    """The share of the panels' column slots that `positions` fill: strips of STRIP, the last 16
+    wide when 16 or fewer are left, except that in a layer that runs packed a last TAIL_COLS or
+    fewer past a multiple of 16 go through the GEMM's narrow tail and fill it (a 7x7 plane's
+    49th position, a 14x14 one's last 4)."""
+    rest = positions % (STRIP // 2)
+    tail = rest if positions >= MIN_POSITIONS and rest <= TAIL_COLS else 0
+    tiled = positions - tail
+    return positions / (tiled / _filled(tiled, STRIP, STRIP // 2) + tail)
+
+
 def filter_lanes(positions: int, filters: int, taps: int) -> bool:
     """Whether a layer of `filters` filters (per group) of `taps` rows over `positions` output
     positions per image is packed with the filters in the vector lanes (pack_filter_strips)
     rather than in panels (see LANES_RULES). Panels take the positions in strips of STRIP (16 for
-    a last one of 16 or fewer) and the filters 4 rows at a time; the transposed tile takes the
-    positions 4 at a time and the filters in strips: a 7x7 layer's 49 positions fill 0.77 of the
-    strips and 0.94 of the transposed tile's rows."""
-    panels = _filled(positions, STRIP, STRIP // 2) * _filled(filters, 4, 4)
+    a last one of 16 or fewer, a last few through the tail: _positions_filled) and the filters 4
+    rows at a time; the transposed tile takes the positions 4 at a time and the filters in strips:
+    21 positions fill 0.66 of the panels' slots and 0.81 of the transposed tile's rows, a 7x7
+    layer's 49 all of the first and 0.94 of the second."""
+    panels = _positions_filled(positions) * _filled(filters, 4, 4)
     lanes = _filled(positions, 4, 4) * _filled(filters, STRIP, STRIP // 2)
     return any(lanes >= gain * panels and taps >= least for gain, least in LANES_RULES)
 
