@@ -65,8 +65,8 @@ def block_columns(taps: int, positions: int) -> int:
     """Columns the GEMM copies at a time for `taps` rows: a multiple of STRIP, 1 to 8 strips, and
     all of a plane of at most two strips (`positions` output positions: 7x7, 8x8). The GEMM copies
     such a plane whole where its rows do not start on cache lines (omrt_copies_whole_b), and each
-    panel of filters is then read once rather than once per block; the copy takes no more floats
-    than the plane's column buffer, where the layer has one."""
+    panel of filters is then read once rather than once per block; the copy takes about as many
+    floats as the plane's column buffer, where the layer has one."""
     block = _blocks_of_l1(taps)
     plane = -(-positions // STRIP) * STRIP
     return max(block, plane) if plane <= 2 * STRIP else block

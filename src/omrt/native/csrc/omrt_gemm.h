@@ -290,9 +290,10 @@ OMRT_AVX2 static inline void omrt_tile_avx2(int64_t K, const float *a, int64_t l
         }
     }
 }
-/* Columns of a product past its last whole strip, when at most this many: they go through
+
+/* Columns of a product past its last multiple of 16, when at most this many: they go through
  * omrt_panel_tail_avx2, not through a tile 16 or 32 columns wide, which costs as much for one
- * column as for all of them (a 7x7 layer's 49th position, a 14x14 layer's last 4 with AVX2). */
+ * column as for all of them (a 7x7 layer's 49th position, a 14x14 layer's last 4). */
 #define OMRT_TAIL_COLS 4
 
 /* Step k of omrt_tail_sums_avx2 into one set of sums: the panel's 12 floats at k times each
@@ -339,8 +340,9 @@ OMRT_AVX2 static OMRT_INLINE void omrt_tail_sums_avx2(int64_t K, const float *pa
 }
 
 /* c (rows <= OMRT_PANEL rows, cols <= OMRT_TAIL_COLS columns, pitch ldc) = a whole panel (K steps)
- * times columns of b (K rows, bks floats apart), then the epilogue (no col_bias). One column
- * costs a step per cycle where a tile of 12 x 16 costs six. */
+ * times columns of b (K rows, bks floats apart), then the epilogue (no col_bias). For one column
+ * a step reads the panel's 12 floats once and makes 2 FMAs, where the two 6 x 16 tiles it stands
+ * for make 24. */
 OMRT_AVX2 static inline void omrt_panel_tail_avx2(int64_t K, const float *panel, const float *b, int64_t bks,
                                                   float *c, int64_t ldc, int64_t rows, int64_t cols,
                                                   const omrt_epilogue *e) {
@@ -354,7 +356,6 @@ OMRT_AVX2 static inline void omrt_panel_tail_avx2(int64_t K, const float *panel,
     omrt_store_transposed(sums, rows, cols, c, ldc, e);
 }
 #endif
-
 
 typedef void (*omrt_tile_fn)(int64_t, const float *, int64_t, const float *, int64_t, float *, int64_t, int64_t,
                              int64_t, const omrt_epilogue *);
@@ -492,7 +493,7 @@ static inline int64_t omrt_tail_cols(int64_t w) {
  * the block while it is in L1: strips are copied into `scratch` (K * block floats), except the
  * whole strips of a product of at most OMRT_IN_PLACE_ROWS rows, which the tile reads in place.
  * A b of at most omrt_b_in_l2() floats is taken whole, its whole strips read in place (only its
- * last, partial strip copied). With `fetch_b`, each block also asks for the next block's columns
+ * last, partial strip copied), unless omrt_copies_whole_b. With `fetch_b`, each block also asks for the next block's columns
  * of b: for a b that lies where no cache holds it (a layer's input); columns just gathered into a
  * buffer are near already, and asking again for them took 6-8% of a 7x7 stem's time. The last
  * few columns past the whole strips go through omrt_panel_tail_avx2 (see OMRT_TAIL_COLS). */
