@@ -151,16 +151,16 @@ OTHER_PATHS = [
     # ending at x's last float
     (bindings.PCONV2D, [_f32(1, 4, 8, 8), _f32(1, 4, 12), _f32(5), _f32(1, 5, 8, 8), _f32(1, 5, 8, 8), _f32(1),
                         _f32(4 * 32), 8, 0, 32, 1, 1, 4, 8, 8, 5, 1, 0, 0, 8, 8, 1, 1, 1, 1, 1, 1, 0, 0, 1, 0.0, 0.0]),
+    # the same with the filters in the lanes: 5 panels of 12 positions read in place, the last 4
+    # copied (zero-padded) into the thread's strips, 14 filters of a strip of 32
+    (bindings.PCONV2D, [_f32(1, 4, 8, 8), _f32(1, 4, 32), _f32(14), _f32(1, 14, 8, 8), _f32(1, 14, 8, 8), _f32(1),
+                        _f32(4 * 32), 8, 0, 32, 1, 1, 4, 8, 8, 14, 1, 0, 1, 8, 8, 1, 1, 1, 1, 1, 1, 0, 0, 1, 0.0,
+                        0.0]),
     # a 1x1 layer over a 7x7 plane on two threads: positions [16, 49) on the second, the last one
     # through the tail (each panel's 12 floats a step, the column's last float x's last), with AVX2
     # the 32 before it copied into the thread's block of 64 columns (rows 49 floats apart)
     (bindings.PCONV2D, [_f32(1, 4, 7, 7), _f32(2, 4, 12), _f32(14), _f32(1, 14, 7, 7), _f32(1, 14, 7, 7), _f32(1),
                         _f32(2 * 4 * 64), 7, 0, 64, 2, 1, 4, 7, 7, 14, 1, 0, 0, 7, 7, 1, 1, 1, 1, 1, 1, 0, 0, 1, 0.0,
-                        0.0]),
-    # the same with the filters in the lanes: 5 panels of 12 positions read in place, the last 4
-    # copied (zero-padded) into the thread's strips, 14 filters of a strip of 32
-    (bindings.PCONV2D, [_f32(1, 4, 8, 8), _f32(1, 4, 32), _f32(14), _f32(1, 14, 8, 8), _f32(1, 14, 8, 8), _f32(1),
-                        _f32(4 * 32), 8, 0, 32, 1, 1, 4, 8, 8, 14, 1, 0, 1, 8, 8, 1, 1, 1, 1, 1, 1, 0, 0, 1, 0.0,
                         0.0]),
     # 3x3, the filters in the lanes, 40 of them (a strip and part of one) cut between two threads
     (bindings.PCONV2D, [_f32(1, 4, 5, 5), _f32(2, 36, 32), _f32(40), _f32(1, 40, 5, 5), _f32(1, 40, 5, 5),

@@ -263,7 +263,8 @@ def test_the_last_few_positions_past_a_multiple_of_16_go_through_the_tail(native
     """1 to 4 positions past a multiple of 16 (17-20 and a 7x7 plane's 49) are multiplied by each
     whole panel of filters in the GEMM's narrow tail, not by a tile of 16 or 32 columns: every
     count of them, depths that leave steps over after the tail's unrolled ones (5 and 67 taps),
-    40 filters (a last panel of 4), split over threads by filters; with bias, residual and
+    40 filters (a last panel of 4), split over threads by filters (17-20 positions) or by
+    positions (49: [16, 49) on the second, 32 columns and the tail); with bias, residual and
     activation, into y and over the residual. With AVX2, a plane whose rows do not start on cache
     lines (7x7: 49 floats apart) is first copied whole into the GEMM's scratch."""
     x, weight = randn(1, channels, *plane), randn(40, channels, 1, 1) / np.float32(np.sqrt(channels))
