@@ -486,6 +486,22 @@ static inline int64_t omrt_tail_cols(int64_t w) {
     return omrt_gemm_level_once() >= 1 && w % 16 <= OMRT_TAIL_COLS ? w % 16 : 0;
 }
 
+/* The `tail` columns at b (K rows, pitch ldb) where omrt_panel_tail_avx2 reads them: copied side
+ * by side (K x tail) into `scratch` past the `packed` columns of strips of nr already there, when
+ * it has room (`block` columns); else b itself. Every panel reads them again: read a row of b
+ * apart each step, 7x7 layers (AVX2, one thread, their other columns copied, six runs of each
+ * alternating) took 1204-1250 us (512 -> 2048) and 1220-1385 (2048 -> 512), copied side by side
+ * 1179-1223 and 1191-1237. */
+static inline const float *omrt_tail_columns(const float *b, int64_t ldb, int64_t K, int64_t tail, int64_t packed,
+                                             int64_t nr, int64_t block, float *scratch) {
+    const int64_t used = (packed + nr - 1) / nr * nr;
+    if (tail == 0 || used + tail > block) return b;
+    float *out = scratch + used * K;
+    for (int64_t k = 0; k < K; k++)
+        for (int64_t j = 0; j < tail; j++) out[k * tail + j] = b[k * ldb + j];
+    return out;
+}
+
 /* c (rows [m0, m1) of the output, n columns, pitch ldc) = rows [m0, m1) of the packed weights
  * `panels` (K columns; m0 a multiple of OMRT_PANEL) times b (K x n, pitch ldb), bias (per row,
  * indexed from row 0), the residual (laid out as c) and activation applied. b is taken `block`
@@ -493,10 +509,11 @@ static inline int64_t omrt_tail_cols(int64_t w) {
  * the block while it is in L1: strips are copied into `scratch` (K * block floats), except the
  * whole strips of a product of at most OMRT_IN_PLACE_ROWS rows, which the tile reads in place.
  * A b of at most omrt_b_in_l2() floats is taken whole, its whole strips read in place (only its
- * last, partial strip copied), unless omrt_copies_whole_b. With `fetch_b`, each block also asks for the next block's columns
- * of b: for a b that lies where no cache holds it (a layer's input); columns just gathered into a
- * buffer are near already, and asking again for them took 6-8% of a 7x7 stem's time. The last
- * few columns past the whole strips go through omrt_panel_tail_avx2 (see OMRT_TAIL_COLS). */
+ * last, partial strip copied), unless omrt_copies_whole_b. With `fetch_b`, each block also asks
+ * for the next block's columns of b: for a b that lies where no cache holds it (a layer's input);
+ * columns just gathered into a buffer are near already, and asking again for them took 6-8% of a
+ * 7x7 stem's time. The last few columns past the whole strips go through omrt_panel_tail_avx2
+ * (see OMRT_TAIL_COLS), copied side by side first where the scratch has room. */
 static inline void omrt_panel_gemm(const float *panels, int64_t K, int64_t m0, int64_t m1, const float *b,
                                    int64_t ldb, int64_t n, float *c, int64_t ldc, const omrt_epilogue *e,
                                    float *scratch, int64_t block, int fetch_b) {
@@ -507,6 +524,9 @@ static inline void omrt_panel_gemm(const float *panels, int64_t K, int64_t m0, i
         const int64_t w = n - p < span ? n - p : span, tail = omrt_tail_cols(w), tiled = w - tail;
         const int64_t in_place = whole || m1 - m0 <= OMRT_IN_PLACE_ROWS ? tiled / kind.nr * kind.nr : 0; /* columns */
         if (tiled > in_place) omrt_pack_strips(b + p + in_place, ldb, K, tiled - in_place, kind.nr, scratch);
+        const float *tail_b =
+            omrt_tail_columns(b + p + tiled, ldb, K, tail, tiled - in_place, kind.nr, block, scratch);
+        const int64_t tail_ld = tail_b == b + p + tiled ? ldb : tail;
         /* the next block's columns of b, c and the residual are many short runs of rows that no
          * hardware prefetcher follows: each step of rows asks for its share of them */
         const int64_t next = n - p - span < span ? n - p - span : span;
@@ -530,10 +550,10 @@ static inline void omrt_panel_gemm(const float *panels, int64_t K, int64_t m0, i
                 kind.tile(K, a, OMRT_PANEL, strip, placed ? ldb : kind.nr, c + at_c, ldc, rows, cols, &at);
             }
 #ifdef OMRT_X86
-            if (tail && (m - m0) % OMRT_PANEL == 0) { /* the whole panel's, read in place from b */
+            if (tail && (m - m0) % OMRT_PANEL == 0) { /* the whole panel's */
                 const int64_t at_c = (m - m0) * ldc + p + tiled;
                 at.residual = e->residual ? e->residual + at_c : NULL;
-                omrt_panel_tail_avx2(K, a, b + p + tiled, ldb, c + at_c, ldc, m1 - m < OMRT_PANEL ? m1 - m : OMRT_PANEL,
+                omrt_panel_tail_avx2(K, a, tail_b, tail_ld, c + at_c, ldc, m1 - m < OMRT_PANEL ? m1 - m : OMRT_PANEL,
                                      tail, &at);
             }
 #endif
