@@ -272,10 +272,12 @@ def test_the_last_few_positions_past_a_multiple_of_16_go_through_the_tail(native
 
 
 def test_a_plan_an_older_omrt_made_runs_a_small_plane_a_block_at_a_time(native):
-    """A 7x7 layer of 512 taps copies its 49 columns into one block of 64 per thread; a plan made
-    before (a file an older omrt compiled) gives blocks of 32: the kernel fits itself to them and
-    still runs on the tile, in two blocks."""
+    """A 7x7 layer of 512 taps copies its 49 columns into one block of 64 per thread (with its
+    filters in the lanes it copies at most a panel of columns: blocks of 32); a plan made before
+    (a file an older omrt compiled) gives blocks of 32: the kernel fits itself to them and still
+    runs on the tile, in two blocks."""
     x, weight, b = randn(1, 512, 7, 7), randn(40, 512, 1, 1) / np.float32(16), randn(40)
+    assert _kernel(x, weight, b, {}, native, lanes=True).block == 32
     kernel = _kernel(x, weight, b, {}, native)
     assert kernel.block == 64
     older = kernel.conv_workspace_bytes + parallel.MAX_SLOTS * packed.align(512 * 32 * 4)

@@ -207,9 +207,10 @@ class PackedConv(Conv):
             ctx = replace(ctx, attrs={k: v for k, v in ctx.attrs.items() if not k.startswith("_act")})
         super().__init__(ctx, inputs, outputs)
         self.conv_workspace_bytes = self.workspace_bytes
-        self._use_block(block_columns(self.taps, math.prod(self.win.out)))
         self.lanes = int(ctx.attrs.get("lanes", 0))
         """Whether input 3 holds the filters as strips (pack_filter_strips) rather than panels."""
+        # with the filters in the lanes, the GEMM copies at most a panel of columns: no plane whole
+        self._use_block(_blocks_of_l1(self.taps) if self.lanes else block_columns(self.taps, math.prod(self.win.out)))
         self._check_packing(ctx, inputs[1], inputs[3] if len(inputs) > 3 else None)
         self.native_packed = self._native_packed(self.post, inputs[0])
 

@@ -469,8 +469,19 @@ static inline int64_t omrt_b_in_l2(void) {
     return floats;
 }
 
+/* Columns [0, w) of b (K rows, pitch ldb) into `out`, K rows of `pitch` floats, zero past column
+ * w. A row of zeros in whole stores, then the few columns there are: element by element, the
+ * copy of a 7x7 layer's last column (4608 rows) into a panel took as long as its products. */
+static inline void omrt_copy_columns(const float *b, int64_t ldb, int64_t K, int64_t w, float *out, int64_t pitch) {
+    for (int64_t k = 0; k < K; k++) {
+        if (w < pitch) memset(out + k * pitch, 0, (size_t)pitch * sizeof(float));
+        for (int64_t r = 0; r < w; r++) out[k * pitch + r] = b[k * ldb + r];
+    }
+}
+
 /* Whether omrt_panel_gemm copies all n columns of b (pitch ldb) into one block of its scratch
- * (`block` columns) rather than reading them where b lies: with a tile 16 columns wide (AVX2),
+ * (`block` columns) rather than reading them where b lies: with a tile 16 columns wide (AVX2,
+ * or the plain C one),
  * when b's rows do not start on cache lines, since each of its loads then touches two. 512 -> 2048
  * filters over a 7x7 plane (49 floats a row), one thread, weights out of cache, on an AMD Zen 4:
  * 1230 us a layer copied, 1475 in place, 1090 for 48 columns in place at a pitch of 48. The
@@ -486,20 +497,20 @@ static inline int64_t omrt_tail_cols(int64_t w) {
     return omrt_gemm_level_once() >= 1 && w % 16 <= OMRT_TAIL_COLS ? w % 16 : 0;
 }
 
-/* The `tail` columns at b (K rows, pitch ldb) where omrt_panel_tail_avx2 reads them: copied side
- * by side (K x tail) into `scratch` past the `packed` columns of strips of nr already there, when
- * it has room (`block` columns); else b itself. Every panel reads them again: read a row of b
- * apart each step, 7x7 layers (AVX2, one thread, their other columns copied, six runs of each
- * alternating) took 1204-1250 us (512 -> 2048) and 1220-1385 (2048 -> 512), copied side by side
- * 1179-1223 and 1191-1237. */
+/* The `tail` columns at b (K rows, pitch ldb) where omrt_panel_tail_avx2 reads them, their pitch
+ * in *ld: copied side by side (K x tail) into `scratch` past the `packed` columns of strips of nr
+ * already there, when it has room (`block` columns); else b itself. Every panel reads them
+ * again: read a row of b apart each step, 7x7 layers (AVX2, one thread, their other columns
+ * copied, six runs of each alternating) took 1204-1250 us (512 -> 2048) and 1220-1385
+ * (2048 -> 512), copied side by side 1179-1223 and 1191-1237. */
 static inline const float *omrt_tail_columns(const float *b, int64_t ldb, int64_t K, int64_t tail, int64_t packed,
-                                             int64_t nr, int64_t block, float *scratch) {
+                                             int64_t nr, int64_t block, float *scratch, int64_t *ld) {
     const int64_t used = (packed + nr - 1) / nr * nr;
+    *ld = ldb;
     if (tail == 0 || used + tail > block) return b;
-    float *out = scratch + used * K;
-    for (int64_t k = 0; k < K; k++)
-        for (int64_t j = 0; j < tail; j++) out[k * tail + j] = b[k * ldb + j];
-    return out;
+    omrt_copy_columns(b, ldb, K, tail, scratch + used * K, tail);
+    *ld = tail;
+    return scratch + used * K;
 }
 
 /* c (rows [m0, m1) of the output, n columns, pitch ldc) = rows [m0, m1) of the packed weights
@@ -524,9 +535,9 @@ static inline void omrt_panel_gemm(const float *panels, int64_t K, int64_t m0, i
         const int64_t w = n - p < span ? n - p : span, tail = omrt_tail_cols(w), tiled = w - tail;
         const int64_t in_place = whole || m1 - m0 <= OMRT_IN_PLACE_ROWS ? tiled / kind.nr * kind.nr : 0; /* columns */
         if (tiled > in_place) omrt_pack_strips(b + p + in_place, ldb, K, tiled - in_place, kind.nr, scratch);
+        int64_t tail_ld;
         const float *tail_b =
-            omrt_tail_columns(b + p + tiled, ldb, K, tail, tiled - in_place, kind.nr, block, scratch);
-        const int64_t tail_ld = tail_b == b + p + tiled ? ldb : tail;
+            omrt_tail_columns(b + p + tiled, ldb, K, tail, tiled - in_place, kind.nr, block, scratch, &tail_ld);
         /* the next block's columns of b, c and the residual are many short runs of rows that no
          * hardware prefetcher follows: each step of rows asks for its share of them */
         const int64_t next = n - p - span < span ? n - p - span : span;

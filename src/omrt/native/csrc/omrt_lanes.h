@@ -265,16 +265,6 @@ static inline void omrt_lanes_scatter(const float *out, int64_t count, float *co
  * 4 at a time, so 49 columns take 52 rows. Each tile's sums go back transposed through the
  * registers, the bias (per filter), the residual and the activation applied on the way. */
 
-/* Columns [0, w) of b (K rows, pitch ldb) as a panel: element [k, r] = b[k, r], zero for r >= w. */
-static inline void omrt_pack_columns(const float *b, int64_t ldb, int64_t K, int64_t w, float *panel) {
-    /* a row of zeros in whole stores, then the few columns there are: element by element, the
-     * copy of a 7x7 layer's last column (4608 rows) took as long as a whole panel's products */
-    for (int64_t k = 0; k < K; k++) {
-        memset(panel + k * OMRT_PANEL, 0, OMRT_PANEL * sizeof(float));
-        for (int64_t r = 0; r < w; r++) panel[k * OMRT_PANEL + r] = b[k * ldb + r];
-    }
-}
-
 #ifdef OMRT_X86
 /* omrt_store_transposed through 16 x 16 transposes. */
 OMRT_AVX512 static inline void omrt_lanes_store_avx512(const float *sums, int64_t filters, int64_t cols, float *c,
@@ -425,7 +415,7 @@ static inline void omrt_lanes_gemm(const float *strips, int64_t K, int64_t f0, i
 #endif
     const omrt_epilogue plain = {NULL, NULL, OMRT_ACT_NONE, 0.0f, 0.0f, NULL};
     const int64_t whole = n / OMRT_PANEL * OMRT_PANEL, depth = omrt_lanes_depth(K, n, kind.nr);
-    if (whole < n) omrt_pack_columns(b + whole, ldb, K, n - whole, panel);
+    if (whole < n) omrt_copy_columns(b + whole, ldb, K, n - whole, panel, OMRT_PANEL);
     float sums[OMRT_PANEL * OMRT_MAX_NR];
     for (int64_t k0 = 0; k0 < K; k0 += depth) {
         const int64_t kk = K - k0 < depth ? K - k0 : depth, first = k0 == 0, last = k0 + kk == K;
