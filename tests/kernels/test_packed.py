@@ -271,6 +271,23 @@ def test_the_last_few_positions_past_a_multiple_of_16_go_through_the_tail(native
     _matches_into_y_and_over_the_residual(native, monkeypatch, x, weight, {}, "Clip", threads, lanes=False)
 
 
+@pytest.mark.parametrize("plane", [(13, 13), (14, 14)])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_plane_whose_rows_straddle_cache_lines_is_copied_whole(native, monkeypatch, plane, threads):
+    """A 13x13 or 14x14 plane (rows 169 or 196 floats apart) of 67 taps gets one block of all its
+    columns (192 or 224), so that with AVX2 the GEMM copies it whole, aligned, and reads each panel
+    once: 140 filters (more than the GEMM's in-place rows), split over threads by positions, the
+    last 9 columns in a masked strip (13x13) or 4 in the tail (14x14); with bias, residual and
+    activation, into y and over the residual. An aligned plane (28x28) or one of more floats than
+    WHOLE_PLANE_FLOATS keeps blocks about an L1."""
+    assert packed.block_columns(67, 169) == 192 and packed.block_columns(67, 196) == 224
+    assert packed.block_columns(512, 169) == 192 and packed.block_columns(1024, 196) == 32
+    assert packed.block_columns(67, 784) == packed.block_columns(67, 10_000) == 96
+    x, weight = randn(1, 67, *plane), randn(140, 67, 1, 1) / np.float32(np.sqrt(67))
+    assert _kernel(x, weight, None, {}, native).block == -(-plane[0] * plane[1] // 32) * 32
+    _matches_into_y_and_over_the_residual(native, monkeypatch, x, weight, {}, "Clip", threads, lanes=False)
+
+
 def test_a_plan_an_older_omrt_made_runs_a_small_plane_a_block_at_a_time(native):
     """A 7x7 layer of 512 taps copies its 49 columns into one block of 64 per thread (with its
     filters in the lanes it copies at most a panel of columns: blocks of 32); a plan made before

@@ -61,15 +61,28 @@ def runs_packed(positions: int, lanes: bool) -> bool:
     return positions >= MIN_POSITIONS or (lanes and positions == 1)
 
 
+WHOLE_PLANE_FLOATS = 128 * 1024
+"""The most floats (taps x the plane's columns: 512 KiB, half of a 1 MiB L2, as much as the GEMM
+takes whole in place where the C library does not say how big L2 is) of a plane whose rows do not
+start on cache lines that the GEMM copies whole into one block, per thread. In a C loop over the
+GEMM (AVX2 tile, one thread, AMD Zen 4): 1000 filters x 512 taps over 13x13 (squeezenet's
+classifier), weights out of cache, 1670-1720 us copied against 1890 in blocks of 64; 1024 x 256
+over 14x14, 960 against 1000 read in place."""
+
+
 def block_columns(taps: int, positions: int) -> int:
-    """Columns the GEMM copies at a time for `taps` rows: a multiple of STRIP, 1 to 8 strips, and
-    all of a plane of at most two strips (`positions` output positions: 7x7, 8x8). The GEMM copies
-    such a plane whole where its rows do not start on cache lines (omrt_copies_whole_b), and each
-    panel of filters is then read once rather than once per block; the copy takes about as many
-    floats as the plane's column buffer, where the layer has one."""
+    """Columns the GEMM copies at a time for `taps` rows: a multiple of STRIP, 1 to 8 strips, or
+    all of a plane (`positions` output positions) of at most two strips (7x7, 8x8), or of at most
+    WHOLE_PLANE_FLOATS whose rows do not start on cache lines (13x13, 14x14). The GEMM copies such
+    a plane whole where its rows do not start on cache lines (omrt_copies_whole_b): each of its
+    loads then touches one line rather than two, and each panel of filters is read once rather
+    than once per block. For a plane of two strips the copy takes about as many floats as the
+    plane's column buffer, where the layer has one."""
     block = _blocks_of_l1(taps)
     plane = -(-positions // STRIP) * STRIP
-    return max(block, plane) if plane <= 2 * STRIP else block
+    if plane <= 2 * STRIP or (positions % (STRIP // 2) and taps * plane <= WHOLE_PLANE_FLOATS):
+        return max(block, plane)
+    return block
 
 
 def _blocks_of_l1(taps: int) -> int:
