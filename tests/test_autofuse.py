@@ -122,6 +122,12 @@ def layernorm_alone():
                   [("y", [2, 5, d])], [("g", 1 + 0.1 * RNG.standard_normal(d)), ("b", 0.1 * RNG.standard_normal(d))])
 
 
+def sigmoid_alone():
+    """A detector's last Sigmoid over its probability map, a node alone: fused all the same, since
+    numpy takes four passes over its elements."""
+    return _model([_n("Sigmoid", ["x"], ["y"])], [("x", [1, 1, 40, 40])], [("y", [1, 1, 40, 40])])
+
+
 CHAINS = {
     "hardsigmoid_mul": (hardsigmoid_mul, ["Relu+HardSigmoid+Mul"]),
     "hardswish_arithmetic": (hardswish_arithmetic, ["Add+Clip+Div+Mul"]),
@@ -133,6 +139,7 @@ CHAINS = {
     "pooled": (pooled, ["Sigmoid+Mul+GlobalAveragePool+Tanh"]),
     "softmax_alone": (softmax_alone, ["Softmax"]),
     "layernorm_alone": (layernorm_alone, ["LayerNormalization"]),
+    "sigmoid_alone": (sigmoid_alone, ["Sigmoid"]),
 }
 
 

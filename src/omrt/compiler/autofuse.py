@@ -14,9 +14,9 @@ chain starts (so the fused node can stand where the chain began), and its shape 
 frame: full values have the frame's shape, row values one element per row of the trailing axes a
 reduction reduces. A value read outside the chain, or a graph output, is an output of the fused
 node; the others (the intermediates) leave the graph and the arena. Chains of one node stay,
-except a Softmax or LayerNormalization alone: numpy runs those in several passes, each a call
-from Python, and one that follows a native layer finds Python's own code and data out of the
-caches (squeezenet's last Softmax took 60-160 us so, against 10 us in a loop of its own).
+except a Softmax, LayerNormalization or Sigmoid alone: numpy runs those in several passes, each
+a call from Python, and one that follows a native layer finds Python's own code and data out of
+the caches (squeezenet's last Softmax took 60-160 us so, against 10 us in a loop of its own).
 
 The fused node keeps its original nodes as its sub-graph `body` (run on a guard miss, an untrusted
 file or a host that cannot load the library), the name of its C function and its guard.
@@ -340,13 +340,15 @@ def _ops(graph: Graph, group: _Group) -> int:
     return sum(1 + (ACT in graph.nodes[i].attrs) for i in group.nodes)
 
 
-ROW_OPS = ("Softmax", "LayerNormalization")
-"""Operators fused even alone: numpy takes several passes over their rows."""
+ALONE = ("Softmax", "LayerNormalization", "Sigmoid")
+"""Operators fused even alone: numpy takes several passes over their rows (Softmax, LayerNorm) or
+elements (Sigmoid: negate, exp, add, reciprocal; dbnet's output map of 320 x 320 took 220 us so,
+where ONNX Runtime takes 30)."""
 
 
 def find_chains(graph: Graph) -> list[_Group]:
-    """The chains of two operators or more in `graph`, and the row ops alone, each with its split
-    settled."""
+    """The chains of two operators or more in `graph`, and the operators of ALONE on their own, each
+    with its split settled."""
     producers = graph.producers()
     owner: dict[int, _Group] = {}
     groups: list[_Group] = []
@@ -376,7 +378,7 @@ def find_chains(graph: Graph) -> list[_Group]:
         joined.steps += lowered.steps
         joined.produced |= {s.out for s in lowered.steps}
         owner[i] = joined
-    chains = [g for g in groups if _ops(graph, g) >= 2 or graph.nodes[g.nodes[0]].op_type in ROW_OPS]
+    chains = [g for g in groups if _ops(graph, g) >= 2 or graph.nodes[g.nodes[0]].op_type in ALONE]
     for g in chains:
         if g.split is None:
             g.split = _first_split(graph, g)
