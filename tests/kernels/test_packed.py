@@ -430,24 +430,28 @@ model_error = float(np.abs(got - want).max() / np.abs(want).max())
 
 # layers where numpy has no CBLAS: the tile runs even where BLAS would be faster. A 3x3 layer of
 # stride 2 with its filters in panels, then in the lanes (40 filters: a whole strip and part of
-# one; 36 positions: 3 panels, or 32 columns and the last 4 through the tail), and a 1x1 layer over
-# a 7x7 plane (the 49th position through the tail; with AVX2 the plane copied whole first)
+# one; 36 positions: 3 panels, or 32 columns and the last 4 through the tail), a 1x1 layer over
+# a 7x7 plane (the 49th position through the tail; with AVX2 the plane copied whole first), and
+# one of 140 filters over 13x13 (with AVX2 copied whole, too many filters to read it in place)
 library = copy.copy(trusted.native)
 library.blas = False
-w, b = rng.standard_normal((40, 16, 3, 3)).astype(np.float32), rng.standard_normal(40).astype(np.float32)
-x7 = rng.standard_normal((1, 16, 7, 7)).astype(np.float32)
+w, b = rng.standard_normal((140, 16, 3, 3)).astype(np.float32), rng.standard_normal(140).astype(np.float32)
+x7, x13 = (rng.standard_normal((1, 16, h, h)).astype(np.float32) for h in (7, 13))
 layer_error = 0.0
-for x_in, w_in, attrs in ((x, w, {{"pads": [1, 1, 1, 1], "strides": [2, 2]}}), (x7, w[:, :, 1:2, 1:2].copy(), {{}})):
-    ref = np.empty((1, 40) + ((6, 6) if x_in is x else (7, 7)), np.float32)
-    omrt.run_op("Conv", [x_in, w_in, b], [ref], **attrs)
+for x_in, w_in, attrs, plane in ((x, w[:40], {{"pads": [1, 1, 1, 1], "strides": [2, 2]}}, (6, 6)),
+                                 (x7, w[:40, :, 1:2, 1:2].copy(), {{}}, (7, 7)),
+                                 (x13, w[:, :, 1:2, 1:2].copy(), {{}}, (13, 13))):
+    b_in = b[:w_in.shape[0]]
+    ref = np.empty((1, w_in.shape[0]) + plane, np.float32)
+    omrt.run_op("Conv", [x_in, w_in, b_in], [ref], **attrs)
     for lanes, packing in ((0, packed.pack_panels(w_in)), (1, packed.pack_filter_strips(w_in))):
-        infos = [TensorInfo(x_in.dtype, x_in.shape), TensorInfo(w_in.dtype, w_in.shape), TensorInfo(b.dtype, b.shape),
-                 TensorInfo(w_in.dtype, packing.shape)]
+        infos = [TensorInfo(x_in.dtype, x_in.shape), TensorInfo(w_in.dtype, w_in.shape),
+                 TensorInfo(b_in.dtype, b_in.shape), TensorInfo(w_in.dtype, packing.shape)]
         ctx = OpContext({{**attrs, "lanes": lanes}}, 1, name="t", op_type="PackedConv", native=library)
         kernel = packed.PackedConv(ctx, infos, packed.PackedConv.infer(ctx, infos))
         assert kernel.native_packed is not None
         y = np.full(kernel.outputs[0].shape, np.nan, np.float32)
-        kernel.run([x_in, w_in, b, packing], [y], np.zeros(kernel.workspace(), np.uint8))
+        kernel.run([x_in, w_in, b_in, packing], [y], np.zeros(kernel.workspace(), np.uint8))
         layer_error = max(layer_error, float(np.abs(y - ref).max() / np.abs(ref).max()))
 print(packed.gemm_tile(trusted.native), model_error, layer_error)
 """
