@@ -417,6 +417,28 @@ def test_a_partition_changed_without_its_digest_is_named(signed, keys):
         omrt.load(kernels, trusted_keys=[public])
 
 
+def test_a_record_of_a_kind_this_omrt_does_not_know_says_so_and_never_runs(signed, keys):
+    """The byte after a record's magic is its kind: the native library's record changed to kind 0
+    (digests rewritten) is refused with the signature, every record's status naming the reason;
+    loaded trusted all the same, the record says its kind is unknown and the model runs on numpy,
+    as the plain file's unpacked kernels do."""
+    data, public = _read(signed), keys["alice"][0] + ".pub"
+    _, spans = _layout(data)
+    changed = _tampered(data, [(spans[Part.KERNELS][0] + 8, 0x01)], rewrite=True)
+    assert _refused(changed, public) == "not trusted"
+    model, _ = _quiet_load(changed, trust_kernels=True)
+    assert [(k.kind, k.status) for k in model.kernels] == [
+        (0, "not loaded: its kind (0) is not one this omrt knows (a later omrt's, or damage)")]
+    assert model.native is None
+    x = np.random.default_rng(0).standard_normal(model.inputs[0].shape).astype(np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        want = omrt.load(data).session().run({model.inputs[0].name: x})
+    got = model.session().run({model.inputs[0].name: x})
+    for name in want:
+        np.testing.assert_array_equal(got[name], want[name])
+
+
 def test_weights_are_signed_by_their_digest_which_verify_checks(signed, keys):
     """The documented rule: the signature covers WEIGHTS through its digest; a load checks that
     digest only with verify=True (hashing reads every weight). Weights are data the packed code

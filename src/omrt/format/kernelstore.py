@@ -27,6 +27,8 @@ FUSED = 3
 each kernel's guard."""
 NATIVE_OP = 4
 """Record kind of a shared library of custom operators' C kernels (`omrt_custom.h`)."""
+KINDS = (NATIVE, PYTHON_OP, FUSED, NATIVE_OP)
+"""The record kinds this omrt knows; a record of another kind (a later omrt's) is kept, never run."""
 
 
 @dataclass

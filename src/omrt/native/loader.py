@@ -21,7 +21,7 @@ import os
 import threading
 import warnings
 
-from ..format.kernelstore import FUSED, NATIVE, Packed
+from ..format.kernelstore import FUSED, KINDS, NATIVE, Packed
 from .bindings import USE_BLAS
 from .library import Library
 from .target import label, mismatch
@@ -107,11 +107,16 @@ def choose(records: list[Packed]) -> list[Packed]:
 def load(records: list[Packed], trusted: bool, untrusted: str = NOT_TRUSTED) -> Library | None:
     """The model's built-in native library from its records (setting each one's status), or None;
     `untrusted` is the status of every record when the model is not trusted (`Model` gives the
-    reason of its trust decision). Records of other kinds are left to their own loaders.
+    reason of its trust decision). Records of a kind this omrt does not know get a status saying so
+    (or that the model is not trusted); custom operators' records are left to their own loader.
 
     Of the built-in library records that fit this host the best one that loads is used; with
     none, a trusted file warns once per record with its reason, and the model runs on numpy."""
     native = [r for r in records if r.kind == NATIVE]
+    for r in records:
+        if r.kind not in KINDS:
+            r.status = (f"not loaded: {untrusted}" if not trusted else
+                        f"not loaded: its kind ({r.kind}) is not one this omrt knows (a later omrt's, or damage)")
     if not trusted:
         for r in native:
             r.status = f"not loaded: {untrusted}"
