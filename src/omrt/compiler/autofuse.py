@@ -342,8 +342,8 @@ def _ops(graph: Graph, group: _Group) -> int:
 
 ALONE = ("Softmax", "LayerNormalization", "Sigmoid")
 """Operators fused even alone: numpy takes several passes over their rows (Softmax, LayerNorm) or
-elements (Sigmoid: negate, exp, add, reciprocal; dbnet's output map of 320 x 320 took 220 us so,
-where ONNX Runtime takes 30)."""
+elements (Sigmoid: negate, exp, add, reciprocal; dbnet's output map of 320 x 320 took 130-240 us
+so in profiles at one and two threads, where ONNX Runtime takes about 30)."""
 
 
 def find_chains(graph: Graph) -> list[_Group]:

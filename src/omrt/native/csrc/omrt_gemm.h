@@ -533,10 +533,10 @@ static inline void omrt_panel_gemm(const float *panels, int64_t K, int64_t m0, i
     const int64_t span = whole ? n : block; /* columns per pass */
     /* In one pass each panel is read once, from memory when the layer's weights are not in cache,
      * and a tile 16 columns wide asks for nothing ahead: the strips of the panel before it each
-     * ask for a share of it (below). AVX2 tile, one thread, weights out of cache, AMD Zen 4: 1024
-     * filters of 256 taps over 14x14 took 995 us against 1013-1076, 512 of 128 over 28x28 937-967
-     * against 968-982; the AVX-512 tile, which asks for its panel's next steps itself, took up to
-     * 1.1 of the time so. */
+     * ask for a share of it (below). AVX2 tile, one thread, 64 layers cycled, AMD Zen 4: 1024
+     * filters of 256 taps over 14x14 (64 MiB of weights, out of cache) took 995 us against 1013-
+     * 1076, 512 of 128 over 28x28 (16 MiB, out of L2) 937-967 against 968-982; the AVX-512 tile,
+     * which asks for its panel's next steps itself, took up to 1.1 of the time so. */
     const int fetch_panels = kind.nr < OMRT_MAX_NR && span >= n;
     for (int64_t p = 0; p < n; p += span) {
         const int64_t w = n - p < span ? n - p : span, tail = omrt_tail_cols(w), tiled = w - tail;
