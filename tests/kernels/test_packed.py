@@ -288,6 +288,20 @@ def test_a_plane_whose_rows_straddle_cache_lines_is_copied_whole(native, monkeyp
     _matches_into_y_and_over_the_residual(native, monkeypatch, x, weight, {}, "Clip", threads, lanes=False)
 
 
+@pytest.mark.parametrize("filters", [20, 140])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_deep_product_goes_in_passes_whose_sums_the_output_carries(native, monkeypatch, filters, threads):
+    """A 1x1 layer of 2305 taps over a 17x17 plane: with a tile 16 columns wide (AVX2, plain C) the
+    GEMM takes its steps in ten passes (the last shorter), each adding to the sums in y, the first
+    with the bias and the residual, only the last with the activation (a Clip of partial sums would
+    show), and its columns 288 at a time (the last, 289th, alone through the tail). 20 filters read
+    b in place, 140 copy its strips; split over threads by positions; into y and over the
+    residual. b (2305 x 289 floats) is more than the GEMM takes whole on any L2."""
+    assert packed.block_columns(2305, 289) == 32
+    x, weight = randn(1, 2305, 17, 17), randn(filters, 2305, 1, 1) / np.float32(48)
+    _matches_into_y_and_over_the_residual(native, monkeypatch, x, weight, {}, "Clip", threads, lanes=False)
+
+
 def test_a_plan_an_older_omrt_made_runs_a_small_plane_a_block_at_a_time(native):
     """A 7x7 layer of 512 taps copies its 49 columns into one block of 64 per thread (with its
     filters in the lanes it copies at most a panel of columns: blocks of 32); a plan made before
@@ -432,15 +446,18 @@ model_error = float(np.abs(got - want).max() / np.abs(want).max())
 # stride 2 with its filters in panels, then in the lanes (40 filters: a whole strip and part of
 # one; 36 positions: 3 panels, or 32 columns and the last 4 through the tail), a 1x1 layer over
 # a 7x7 plane (the 49th position through the tail; with AVX2 the plane copied whole first), and
-# one of 140 filters over 13x13 (with AVX2 copied whole, too many filters to read it in place)
+# one of 140 filters over 13x13 (with AVX2 copied whole, too many filters to read it in place),
+# and one of 2305 taps over 17x17 (with AVX2 or C in passes of fewer steps)
 library = copy.copy(trusted.native)
 library.blas = False
 w, b = rng.standard_normal((140, 16, 3, 3)).astype(np.float32), rng.standard_normal(140).astype(np.float32)
 x7, x13 = (rng.standard_normal((1, 16, h, h)).astype(np.float32) for h in (7, 13))
+x17, w17 = rng.standard_normal((1, 2305, 17, 17)).astype(np.float32), rng.standard_normal((24, 2305, 1, 1)).astype(np.float32)
 layer_error = 0.0
 for x_in, w_in, attrs, plane in ((x, w[:40], {{"pads": [1, 1, 1, 1], "strides": [2, 2]}}, (6, 6)),
                                  (x7, w[:40, :, 1:2, 1:2].copy(), {{}}, (7, 7)),
-                                 (x13, w[:, :, 1:2, 1:2].copy(), {{}}, (13, 13))):
+                                 (x13, w[:, :, 1:2, 1:2].copy(), {{}}, (13, 13)),
+                                 (x17, w17, {{}}, (17, 17))):
     b_in = b[:w_in.shape[0]]
     ref = np.empty((1, w_in.shape[0]) + plane, np.float32)
     omrt.run_op("Conv", [x_in, w_in, b_in], [ref], **attrs)

@@ -499,18 +499,89 @@ static inline int64_t omrt_tail_cols(int64_t w) {
 
 /* The `tail` columns at b (K rows, pitch ldb) where omrt_panel_tail_avx2 reads them, their pitch
  * in *ld: copied side by side (K x tail) into `scratch` past the `packed` columns of strips of nr
- * already there, when it has room (`block` columns); else b itself. Every panel reads them
+ * already there, when it has room (`cap` columns of K rows); else b itself. Every panel reads them
  * again: read a row of b apart each step, 7x7 layers (AVX2, one thread, their other columns
  * copied, six runs of each alternating) took 1204-1250 us (512 -> 2048) and 1220-1385
  * (2048 -> 512), copied side by side 1179-1223 and 1191-1237. */
 static inline const float *omrt_tail_columns(const float *b, int64_t ldb, int64_t K, int64_t tail, int64_t packed,
-                                             int64_t nr, int64_t block, float *scratch, int64_t *ld) {
+                                             int64_t nr, int64_t cap, float *scratch, int64_t *ld) {
     const int64_t used = (packed + nr - 1) / nr * nr;
     *ld = ldb;
-    if (tail == 0 || used + tail > block) return b;
+    if (tail == 0 || used + tail > cap) return b;
     omrt_copy_columns(b, ldb, K, tail, scratch + used * K, tail);
     *ld = tail;
     return scratch + used * K;
+}
+
+/* Products deeper than OMRT_SPLIT_FROM steps, when b is taken a block at a time by a tile 16
+ * columns wide (AVX2, plain C), go in passes of about OMRT_DEPTH steps, each adding its sums to c:
+ * a pass's strips (OMRT_DEPTH x 16 floats, 16 KiB) stay in L1 while the panels' steps of the pass
+ * stream past them, where each strip of a deep product (4608 x 16 floats) came from L2 again for
+ * every panel; and a pass takes as many more columns as its fewer rows leave room for in the
+ * scratch, so each panel is read once per wider pass of columns rather than once per block. AVX2
+ * tile, one thread, AMD Zen 4, two builds alternating in one process: dbnet's 512 -> 512 3x3
+ * layers over 10x10 (4608 steps) 5.16-5.19 ms against 5.54-5.57, its stride-2 256 -> 512 one
+ * (2304) 0.92 of the time, resnet50's 3x3 layers over 7x7 0.95; layers of 1152 steps took 1.03
+ * (hence OMRT_SPLIT_FROM). The AVX-512 tile's strips of 32 floats fill L1 at this depth: it took
+ * 1.02-1.04 of the time so (vgg19's 512-channel 14x14 layers) and takes K whole. */
+#define OMRT_DEPTH 256
+#define OMRT_SPLIT_FROM 2048
+
+/* Steps per pass (*depth) and columns per pass (*span) of omrt_panel_gemm over a b of K rows and n
+ * columns taken `block` columns at a time, in a scratch of K * block floats (see OMRT_DEPTH). */
+static inline void omrt_passes(int64_t K, int64_t block, int64_t nr, int64_t *depth, int64_t *span) {
+    const int64_t parts = nr < OMRT_MAX_NR && K > OMRT_SPLIT_FROM ? (K + OMRT_DEPTH - 1) / OMRT_DEPTH : 1;
+    *depth = (K + parts - 1) / parts;
+    *span = parts == 1 ? block : K * block / *depth / OMRT_MAX_NR * OMRT_MAX_NR;
+}
+
+/* One pass of omrt_panel_gemm: steps [k0, k0 + kk) of rows [m0, m1) of the panels times columns
+ * [p, p + w) of b into c, `next` columns of the next pass asked for ahead when this is the last
+ * pass over these columns. The first pass of K adds the bias and the residual, later ones the sums
+ * c holds, and the last one applies the activation. */
+static inline void omrt_gemm_pass(const omrt_gemm_kind *kind, const float *panels, int64_t K, int64_t k0, int64_t kk,
+                                  int64_t m0, int64_t m1, const float *b, int64_t ldb, int64_t p, int64_t w,
+                                  int64_t in_place, int64_t next, float *c, int64_t ldc, const omrt_epilogue *e,
+                                  float *scratch, int64_t cap, int fetch_b, int fetch_panels) {
+    const int64_t tail = omrt_tail_cols(w), tiled = w - tail, nr = kind->nr;
+    const int first = k0 == 0, last = k0 + kk == K;
+    const float *bk = b + k0 * ldb;
+    if (tiled > in_place) omrt_pack_strips(bk + p + in_place, ldb, kk, tiled - in_place, nr, scratch);
+    int64_t tail_ld;
+    const float *tail_b = omrt_tail_columns(bk + p + tiled, ldb, kk, tail, tiled - in_place, nr, cap, scratch, &tail_ld);
+    const int64_t steps = (m1 - m0 + kind->rows - 1) / kind->rows, strips = (tiled + nr - 1) / nr;
+    for (int64_t m = m0; m < m1; m += kind->rows) {
+        omrt_epilogue at = {first && e->bias ? e->bias + m : NULL, NULL, last ? e->act : OMRT_ACT_NONE, e->alpha,
+                            e->beta, NULL};
+        const float *a = panels + m / OMRT_PANEL * K * OMRT_PANEL + k0 * OMRT_PANEL + m % OMRT_PANEL;
+        const int64_t rows = m1 - m < kind->rows ? m1 - m : kind->rows;
+        /* the next pass's columns of b, c and the residual are many short runs of rows that no
+         * hardware prefetcher follows: each step of rows asks for its share of them */
+        if (next > 0 && last) {
+            const int64_t step = (m - m0) / kind->rows, r0 = kk * step / steps, r1 = kk * (step + 1) / steps;
+            if (fetch_b) omrt_prefetch_columns(b + r0 * ldb, ldb, r1 - r0, p + w, next, 0);
+            omrt_prefetch_columns(c + (m - m0) * ldc, ldc, rows, p + w, next, 1);
+            if (e->residual) omrt_prefetch_columns(e->residual + (m - m0) * ldc, ldc, rows, p + w, next, 0);
+        }
+        for (int64_t s = 0; s < strips; s++) {
+            if (fetch_panels && (m - m0) % OMRT_PANEL == 0 && m + OMRT_PANEL < m1)
+                omrt_prefetch_piece(a - m % OMRT_PANEL + K * OMRT_PANEL, kk * OMRT_PANEL, s, strips);
+            const int64_t cols = tiled - s * nr < nr ? tiled - s * nr : nr;
+            const int64_t at_c = (m - m0) * ldc + p + s * nr;
+            const int placed = s * nr < in_place;
+            const float *strip = placed ? bk + p + s * nr : scratch + (s - in_place / nr) * kk * nr;
+            at.residual = !first ? c + at_c : e->residual ? e->residual + at_c : NULL;
+            kind->tile(kk, a, OMRT_PANEL, strip, placed ? ldb : nr, c + at_c, ldc, rows, cols, &at);
+        }
+#ifdef OMRT_X86
+        if (tail && (m - m0) % OMRT_PANEL == 0) { /* the whole panel's */
+            const int64_t at_c = (m - m0) * ldc + p + tiled;
+            at.residual = !first ? c + at_c : e->residual ? e->residual + at_c : NULL;
+            omrt_panel_tail_avx2(kk, a, tail_b, tail_ld, c + at_c, ldc, m1 - m < OMRT_PANEL ? m1 - m : OMRT_PANEL,
+                                 tail, &at);
+        }
+#endif
+    }
 }
 
 /* c (rows [m0, m1) of the output, n columns, pitch ldc) = rows [m0, m1) of the packed weights
@@ -519,7 +590,8 @@ static inline const float *omrt_tail_columns(const float *b, int64_t ldb, int64_
  * columns at a time (a multiple of OMRT_MAX_NR), and each panel is multiplied by every strip of
  * the block while it is in L1: strips are copied into `scratch` (K * block floats), except the
  * whole strips of a product of at most OMRT_IN_PLACE_ROWS rows, which the tile reads in place.
- * A b of at most omrt_b_in_l2() floats is taken whole, its whole strips read in place (only its
+ * A product deeper than OMRT_SPLIT_FROM may take its K steps in passes (see OMRT_DEPTH). A b
+ * of at most omrt_b_in_l2() floats is taken whole, its whole strips read in place (only its
  * last, partial strip copied), unless omrt_copies_whole_b. With `fetch_b`, each block also asks
  * for the next block's columns of b: for a b that lies where no cache holds it (a layer's input);
  * columns just gathered into a buffer are near already, and asking again for them took 6-8% of a
@@ -530,54 +602,23 @@ static inline void omrt_panel_gemm(const float *panels, int64_t K, int64_t m0, i
                                    float *scratch, int64_t block, int fetch_b) {
     const omrt_gemm_kind kind = omrt_gemm_pick();
     const int whole = K * ldb <= omrt_b_in_l2() && !omrt_copies_whole_b(ldb, n, block, kind.nr);
-    const int64_t span = whole ? n : block; /* columns per pass */
+    int64_t depth = K, span = n; /* steps and columns per pass */
+    if (!whole) omrt_passes(K, block, kind.nr, &depth, &span);
     /* In one pass each panel is read once, from memory when the layer's weights are not in cache,
      * and a tile 16 columns wide asks for nothing ahead: the strips of the panel before it each
-     * ask for a share of it (below). AVX2 tile, one thread, 64 layers cycled, AMD Zen 4: 1024
-     * filters of 256 taps over 14x14 (64 MiB of weights, out of cache) took 995 us against 1013-
-     * 1076, 512 of 128 over 28x28 (16 MiB, out of L2) 937-967 against 968-982; the AVX-512 tile,
-     * which asks for its panel's next steps itself, took up to 1.1 of the time so. */
+     * ask for a share of it (omrt_gemm_pass). AVX2 tile, one thread, 64 layers cycled, AMD Zen 4:
+     * 1024 filters of 256 taps over 14x14 (64 MiB of weights, out of cache) took 995 us against
+     * 1013-1076, 512 of 128 over 28x28 (16 MiB, out of L2) 937-967 against 968-982; the AVX-512
+     * tile, which asks for its panel's next steps itself, took up to 1.1 of the time so. */
     const int fetch_panels = kind.nr < OMRT_MAX_NR && span >= n;
     for (int64_t p = 0; p < n; p += span) {
-        const int64_t w = n - p < span ? n - p : span, tail = omrt_tail_cols(w), tiled = w - tail;
+        const int64_t w = n - p < span ? n - p : span, tiled = w - omrt_tail_cols(w);
         const int64_t in_place = whole || m1 - m0 <= OMRT_IN_PLACE_ROWS ? tiled / kind.nr * kind.nr : 0; /* columns */
-        if (tiled > in_place) omrt_pack_strips(b + p + in_place, ldb, K, tiled - in_place, kind.nr, scratch);
-        int64_t tail_ld;
-        const float *tail_b =
-            omrt_tail_columns(b + p + tiled, ldb, K, tail, tiled - in_place, kind.nr, block, scratch, &tail_ld);
-        /* the next block's columns of b, c and the residual are many short runs of rows that no
-         * hardware prefetcher follows: each step of rows asks for its share of them */
         const int64_t next = n - p - span < span ? n - p - span : span;
-        const int64_t steps = (m1 - m0 + kind.rows - 1) / kind.rows;
-        for (int64_t m = m0; m < m1; m += kind.rows) {
-            omrt_epilogue at = {e->bias ? e->bias + m : NULL, NULL, e->act, e->alpha, e->beta, NULL};
-            const float *a = panels + m / OMRT_PANEL * K * OMRT_PANEL + m % OMRT_PANEL;
-            const int64_t rows = m1 - m < kind.rows ? m1 - m : kind.rows;
-            if (next > 0) {
-                const int64_t step = (m - m0) / kind.rows, k0 = K * step / steps, k1 = K * (step + 1) / steps;
-                if (fetch_b) omrt_prefetch_columns(b + k0 * ldb, ldb, k1 - k0, p + span, next, 0);
-                omrt_prefetch_columns(c + (m - m0) * ldc, ldc, rows, p + span, next, 1);
-                if (e->residual) omrt_prefetch_columns(e->residual + (m - m0) * ldc, ldc, rows, p + span, next, 0);
-            }
-            const int64_t strips = (tiled + kind.nr - 1) / kind.nr;
-            for (int64_t s = 0; s < strips; s++) {
-                if (fetch_panels && (m - m0) % OMRT_PANEL == 0 && m + OMRT_PANEL < m1)
-                    omrt_prefetch_piece(a - m % OMRT_PANEL + K * OMRT_PANEL, K * OMRT_PANEL, s, strips);
-                const int64_t cols = tiled - s * kind.nr < kind.nr ? tiled - s * kind.nr : kind.nr;
-                const int64_t at_c = (m - m0) * ldc + p + s * kind.nr;
-                const int placed = s * kind.nr < in_place;
-                const float *strip = placed ? b + p + s * kind.nr : scratch + (s - in_place / kind.nr) * K * kind.nr;
-                at.residual = e->residual ? e->residual + at_c : NULL;
-                kind.tile(K, a, OMRT_PANEL, strip, placed ? ldb : kind.nr, c + at_c, ldc, rows, cols, &at);
-            }
-#ifdef OMRT_X86
-            if (tail && (m - m0) % OMRT_PANEL == 0) { /* the whole panel's */
-                const int64_t at_c = (m - m0) * ldc + p + tiled;
-                at.residual = e->residual ? e->residual + at_c : NULL;
-                omrt_panel_tail_avx2(K, a, tail_b, tail_ld, c + at_c, ldc, m1 - m < OMRT_PANEL ? m1 - m : OMRT_PANEL,
-                                     tail, &at);
-            }
-#endif
+        for (int64_t k0 = 0; k0 < K; k0 += depth) {
+            const int64_t kk = K - k0 < depth ? K - k0 : depth;
+            omrt_gemm_pass(&kind, panels, K, k0, kk, m0, m1, b, ldb, p, w, in_place, next, c, ldc, e, scratch,
+                           K * block / kk, fetch_b, fetch_panels);
         }
     }
 }
