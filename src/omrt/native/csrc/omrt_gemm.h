@@ -535,48 +535,61 @@ static inline void omrt_passes(int64_t K, int64_t block, int64_t nr, int64_t *de
     *span = parts == 1 ? block : K * block / *depth / OMRT_MAX_NR * OMRT_MAX_NR;
 }
 
-/* One pass of omrt_panel_gemm: steps [k0, k0 + kk) of rows [m0, m1) of the panels times columns
- * [p, p + w) of b into c, `next` columns of the next pass asked for ahead when this is the last
- * pass over these columns. The first pass of K adds the bias and the residual, later ones the sums
- * c holds, and the last one applies the activation. */
-static inline void omrt_gemm_pass(const omrt_gemm_kind *kind, const float *panels, int64_t K, int64_t k0, int64_t kk,
-                                  int64_t m0, int64_t m1, const float *b, int64_t ldb, int64_t p, int64_t w,
-                                  int64_t in_place, int64_t next, float *c, int64_t ldc, const omrt_epilogue *e,
-                                  float *scratch, int64_t cap, int fetch_b, int fetch_panels) {
-    const int64_t tail = omrt_tail_cols(w), tiled = w - tail, nr = kind->nr;
-    const int first = k0 == 0, last = k0 + kk == K;
-    const float *bk = b + k0 * ldb;
-    if (tiled > in_place) omrt_pack_strips(bk + p + in_place, ldb, kk, tiled - in_place, nr, scratch);
+/* What every pass of one omrt_panel_gemm call shares: its operands (see there) and tile. */
+typedef struct {
+    omrt_gemm_kind kind;
+    const float *panels, *b;
+    float *c, *scratch;
+    const omrt_epilogue *e;
+    int64_t K, m0, m1, ldb, ldc, block;
+    int whole, fetch_b, fetch_panels;
+} omrt_gemm_call;
+
+/* One pass of omrt_panel_gemm: steps [k0, k0 + kk) of the call's panels times columns [p, p + w)
+ * of b into c, `next` columns of the next pass asked for ahead when this is the last pass over
+ * these columns. The first pass of K adds the bias and the residual, later ones the sums c holds,
+ * and the last one applies the activation. */
+static inline void omrt_gemm_pass(const omrt_gemm_call *g, int64_t k0, int64_t kk, int64_t p, int64_t w,
+                                  int64_t next) {
+    const omrt_gemm_kind *kind = &g->kind;
+    const omrt_epilogue *e = g->e;
+    const int64_t tail = omrt_tail_cols(w), tiled = w - tail, nr = kind->nr, ldb = g->ldb, ldc = g->ldc;
+    const int64_t m0 = g->m0, m1 = g->m1;
+    const int64_t in_place = g->whole || m1 - m0 <= OMRT_IN_PLACE_ROWS ? tiled / nr * nr : 0; /* columns */
+    const int first = k0 == 0, last = k0 + kk == g->K;
+    const float *bk = g->b + k0 * ldb;
+    if (tiled > in_place) omrt_pack_strips(bk + p + in_place, ldb, kk, tiled - in_place, nr, g->scratch);
     int64_t tail_ld;
-    const float *tail_b = omrt_tail_columns(bk + p + tiled, ldb, kk, tail, tiled - in_place, nr, cap, scratch, &tail_ld);
+    const float *tail_b = omrt_tail_columns(bk + p + tiled, ldb, kk, tail, tiled - in_place, nr,
+                                            g->K * g->block / kk, g->scratch, &tail_ld);
     const int64_t steps = (m1 - m0 + kind->rows - 1) / kind->rows, strips = (tiled + nr - 1) / nr;
     for (int64_t m = m0; m < m1; m += kind->rows) {
         omrt_epilogue at = {first && e->bias ? e->bias + m : NULL, NULL, last ? e->act : OMRT_ACT_NONE, e->alpha,
                             e->beta, NULL};
-        const float *a = panels + m / OMRT_PANEL * K * OMRT_PANEL + k0 * OMRT_PANEL + m % OMRT_PANEL;
+        const float *a = g->panels + m / OMRT_PANEL * g->K * OMRT_PANEL + k0 * OMRT_PANEL + m % OMRT_PANEL;
         const int64_t rows = m1 - m < kind->rows ? m1 - m : kind->rows;
+        float *c = g->c + (m - m0) * ldc;
         /* the next pass's columns of b, c and the residual are many short runs of rows that no
          * hardware prefetcher follows: each step of rows asks for its share of them */
         if (next > 0 && last) {
             const int64_t step = (m - m0) / kind->rows, r0 = kk * step / steps, r1 = kk * (step + 1) / steps;
-            if (fetch_b) omrt_prefetch_columns(b + r0 * ldb, ldb, r1 - r0, p + w, next, 0);
-            omrt_prefetch_columns(c + (m - m0) * ldc, ldc, rows, p + w, next, 1);
+            if (g->fetch_b) omrt_prefetch_columns(g->b + r0 * ldb, ldb, r1 - r0, p + w, next, 0);
+            omrt_prefetch_columns(c, ldc, rows, p + w, next, 1);
             if (e->residual) omrt_prefetch_columns(e->residual + (m - m0) * ldc, ldc, rows, p + w, next, 0);
         }
         for (int64_t s = 0; s < strips; s++) {
-            if (fetch_panels && (m - m0) % OMRT_PANEL == 0 && m + OMRT_PANEL < m1)
-                omrt_prefetch_piece(a - m % OMRT_PANEL + K * OMRT_PANEL, kk * OMRT_PANEL, s, strips);
-            const int64_t cols = tiled - s * nr < nr ? tiled - s * nr : nr;
-            const int64_t at_c = (m - m0) * ldc + p + s * nr;
+            if (g->fetch_panels && (m - m0) % OMRT_PANEL == 0 && m + OMRT_PANEL < m1)
+                omrt_prefetch_piece(a - m % OMRT_PANEL + g->K * OMRT_PANEL, kk * OMRT_PANEL, s, strips);
+            const int64_t cols = tiled - s * nr < nr ? tiled - s * nr : nr, at_c = p + s * nr;
             const int placed = s * nr < in_place;
-            const float *strip = placed ? bk + p + s * nr : scratch + (s - in_place / nr) * kk * nr;
-            at.residual = !first ? c + at_c : e->residual ? e->residual + at_c : NULL;
+            const float *strip = placed ? bk + at_c : g->scratch + (s - in_place / nr) * kk * nr;
+            at.residual = !first ? c + at_c : e->residual ? e->residual + (m - m0) * ldc + at_c : NULL;
             kind->tile(kk, a, OMRT_PANEL, strip, placed ? ldb : nr, c + at_c, ldc, rows, cols, &at);
         }
 #ifdef OMRT_X86
         if (tail && (m - m0) % OMRT_PANEL == 0) { /* the whole panel's */
-            const int64_t at_c = (m - m0) * ldc + p + tiled;
-            at.residual = !first ? c + at_c : e->residual ? e->residual + at_c : NULL;
+            const int64_t at_c = p + tiled;
+            at.residual = !first ? c + at_c : e->residual ? e->residual + (m - m0) * ldc + at_c : NULL;
             omrt_panel_tail_avx2(kk, a, tail_b, tail_ld, c + at_c, ldc, m1 - m < OMRT_PANEL ? m1 - m : OMRT_PANEL,
                                  tail, &at);
         }
@@ -600,26 +613,20 @@ static inline void omrt_gemm_pass(const omrt_gemm_kind *kind, const float *panel
 static inline void omrt_panel_gemm(const float *panels, int64_t K, int64_t m0, int64_t m1, const float *b,
                                    int64_t ldb, int64_t n, float *c, int64_t ldc, const omrt_epilogue *e,
                                    float *scratch, int64_t block, int fetch_b) {
-    const omrt_gemm_kind kind = omrt_gemm_pick();
-    const int whole = K * ldb <= omrt_b_in_l2() && !omrt_copies_whole_b(ldb, n, block, kind.nr);
+    omrt_gemm_call g = {omrt_gemm_pick(), panels, b, c, scratch, e, K, m0, m1, ldb, ldc, block, 0, fetch_b, 0};
+    g.whole = K * ldb <= omrt_b_in_l2() && !omrt_copies_whole_b(ldb, n, block, g.kind.nr);
     int64_t depth = K, span = n; /* steps and columns per pass */
-    if (!whole) omrt_passes(K, block, kind.nr, &depth, &span);
+    if (!g.whole) omrt_passes(K, block, g.kind.nr, &depth, &span);
     /* In one pass each panel is read once, from memory when the layer's weights are not in cache,
      * and a tile 16 columns wide asks for nothing ahead: the strips of the panel before it each
      * ask for a share of it (omrt_gemm_pass). AVX2 tile, one thread, 64 layers cycled, AMD Zen 4:
      * 1024 filters of 256 taps over 14x14 (64 MiB of weights, out of cache) took 995 us against
      * 1013-1076, 512 of 128 over 28x28 (16 MiB, out of L2) 937-967 against 968-982; the AVX-512
      * tile, which asks for its panel's next steps itself, took up to 1.1 of the time so. */
-    const int fetch_panels = kind.nr < OMRT_MAX_NR && span >= n;
+    g.fetch_panels = g.kind.nr < OMRT_MAX_NR && span >= n;
     for (int64_t p = 0; p < n; p += span) {
-        const int64_t w = n - p < span ? n - p : span, tiled = w - omrt_tail_cols(w);
-        const int64_t in_place = whole || m1 - m0 <= OMRT_IN_PLACE_ROWS ? tiled / kind.nr * kind.nr : 0; /* columns */
-        const int64_t next = n - p - span < span ? n - p - span : span;
-        for (int64_t k0 = 0; k0 < K; k0 += depth) {
-            const int64_t kk = K - k0 < depth ? K - k0 : depth;
-            omrt_gemm_pass(&kind, panels, K, k0, kk, m0, m1, b, ldb, p, w, in_place, next, c, ldc, e, scratch,
-                           K * block / kk, fetch_b, fetch_panels);
-        }
+        const int64_t w = n - p < span ? n - p : span, next = n - p - span < span ? n - p - span : span;
+        for (int64_t k0 = 0; k0 < K; k0 += depth) omrt_gemm_pass(&g, k0, K - k0 < depth ? K - k0 : depth, p, w, next);
     }
 }
 
