@@ -452,7 +452,8 @@ library = copy.copy(trusted.native)
 library.blas = False
 w, b = rng.standard_normal((140, 16, 3, 3)).astype(np.float32), rng.standard_normal(140).astype(np.float32)
 x7, x13 = (rng.standard_normal((1, 16, h, h)).astype(np.float32) for h in (7, 13))
-x17, w17 = rng.standard_normal((1, 2305, 17, 17)).astype(np.float32), rng.standard_normal((24, 2305, 1, 1)).astype(np.float32)
+x17 = rng.standard_normal((1, 2305, 17, 17)).astype(np.float32)
+w17 = rng.standard_normal((24, 2305, 1, 1)).astype(np.float32)
 layer_error = 0.0
 for x_in, w_in, attrs, plane in ((x, w[:40], {{"pads": [1, 1, 1, 1], "strides": [2, 2]}}, (6, 6)),
                                  (x7, w[:40, :, 1:2, 1:2].copy(), {{}}, (7, 7)),

@@ -520,15 +520,16 @@ static inline const float *omrt_tail_columns(const float *b, int64_t ldb, int64_
  * every panel; and a pass takes as many more columns as its fewer rows leave room for in the
  * scratch, so each panel is read once per wider pass of columns rather than once per block. AVX2
  * tile, one thread, AMD Zen 4, two builds alternating in one process: dbnet's 512 -> 512 3x3
- * layers over 10x10 (4608 steps) 5.16-5.19 ms against 5.54-5.57, its stride-2 256 -> 512 one
- * (2304) 0.92 of the time, resnet50's 3x3 layers over 7x7 0.95; layers of 1152 steps took 1.03
- * (hence OMRT_SPLIT_FROM). The AVX-512 tile's strips of 32 floats fill L1 at this depth: it took
+ * layers over 10x10 (4608 steps) 5.16-5.19 ms against 5.54-5.64 (two runs), its stride-2
+ * 256 -> 512 one (2304) 0.92 of the time, resnet50's 3x3 layers over 7x7 0.95; layers of 1152
+ * steps took 1.03 (hence OMRT_SPLIT_FROM). The AVX-512 tile's strips of 32 floats fill L1 at this depth: it took
  * 1.02-1.04 of the time so (vgg19's 512-channel 14x14 layers) and takes K whole. */
 #define OMRT_DEPTH 256
 #define OMRT_SPLIT_FROM 2048
 
-/* Steps per pass (*depth) and columns per pass (*span) of omrt_panel_gemm over a b of K rows and n
- * columns taken `block` columns at a time, in a scratch of K * block floats (see OMRT_DEPTH). */
+/* Steps per pass (*depth) and columns per pass (*span) of omrt_panel_gemm over a b of K rows taken
+ * `block` columns at a time by a tile `nr` columns wide, in a scratch of K * block floats (see
+ * OMRT_DEPTH). */
 static inline void omrt_passes(int64_t K, int64_t block, int64_t nr, int64_t *depth, int64_t *span) {
     const int64_t parts = nr < OMRT_MAX_NR && K > OMRT_SPLIT_FROM ? (K + OMRT_DEPTH - 1) / OMRT_DEPTH : 1;
     *depth = (K + parts - 1) / parts;
