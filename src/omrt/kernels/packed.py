@@ -38,6 +38,10 @@ TAIL_COLS = CONSTANTS["GEMM_TAIL_COLS"]
 """The most columns past a multiple of 16 that the GEMM takes through its narrow tail (a panel of
 filters times a few columns, csrc/omrt_gemm.h) rather than through a tile 16 or 32 columns wide."""
 
+LINE_FLOATS = 16
+"""Floats in a 64-byte cache line: a plane's rows start on lines when its positions are a multiple
+of it (csrc/omrt_gemm.h, omrt_copies_whole_b, tests the same of b's pitch)."""
+
 BLOCK_FLOATS = 8192
 """Floats of columns the GEMM copies at a time, per thread: 32 KiB, about an L1 data cache."""
 
@@ -81,7 +85,7 @@ def block_columns(taps: int, positions: int) -> int:
     plane's column buffer, where the layer has one."""
     block = _blocks_of_l1(taps)
     plane = -(-positions // STRIP) * STRIP
-    if plane <= 2 * STRIP or (positions % (STRIP // 2) and taps * plane <= WHOLE_PLANE_FLOATS):
+    if plane <= 2 * STRIP or (positions % LINE_FLOATS and taps * plane <= WHOLE_PLANE_FLOATS):
         return max(block, plane)
     return block
 

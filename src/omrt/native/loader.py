@@ -113,15 +113,14 @@ def load(records: list[Packed], trusted: bool, untrusted: str = NOT_TRUSTED) -> 
     Of the built-in library records that fit this host the best one that loads is used; with
     none, a trusted file warns once per record with its reason, and the model runs on numpy."""
     native = [r for r in records if r.kind == NATIVE]
-    for r in records:
-        if r.kind not in KINDS:
-            r.status = (f"not loaded: {untrusted}" if not trusted else
-                        f"not loaded: its kind ({r.kind}) is not one this omrt knows (a later omrt's, or damage)")
+    unknown = [r for r in records if r.kind not in KINDS]
     if not trusted:
-        for r in native:
+        for r in native + unknown:
             r.status = f"not loaded: {untrusted}"
         _load_fused([r for r in records if r.kind == FUSED], None, None, untrusted)
         return None
+    for r in unknown:
+        r.status = f"not loaded: its kind ({r.kind}) is not one this omrt knows (a later omrt's, or damage)"
     library, chosen = None, None
     for r in choose(native):
         if chosen is not None:

@@ -522,8 +522,9 @@ static inline const float *omrt_tail_columns(const float *b, int64_t ldb, int64_
  * tile, one thread, AMD Zen 4, two builds alternating in one process: dbnet's 512 -> 512 3x3
  * layers over 10x10 (4608 steps) 5.16-5.19 ms against 5.54-5.64 (two runs), its stride-2
  * 256 -> 512 one (2304) 0.92 of the time, resnet50's 3x3 layers over 7x7 0.95; layers of 1152
- * steps took 1.03 (hence OMRT_SPLIT_FROM). The AVX-512 tile's strips of 32 floats fill L1 at this depth: it took
- * 1.02-1.04 of the time so (vgg19's 512-channel 14x14 layers) and takes K whole. */
+ * steps took 1.03 (hence OMRT_SPLIT_FROM). The AVX-512 tile's strips of 32 floats fill L1 at
+ * this depth: it took 1.02-1.04 of the time so (vgg19's 512-channel 14x14 layers) and takes K
+ * whole. */
 #define OMRT_DEPTH 256
 #define OMRT_SPLIT_FROM 2048
 
