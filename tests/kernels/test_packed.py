@@ -257,17 +257,19 @@ def test_layers_over_one_position_stream_their_strips_with_bias_residual_and_act
 
 @pytest.mark.parametrize("plane", [(1, 17), (2, 9), (1, 19), (4, 5), (7, 7)])
 @pytest.mark.parametrize("channels", [5, 67])
+@pytest.mark.parametrize("filters", [40, 36])
 @pytest.mark.parametrize("threads", [1, 2])
 def test_the_last_few_positions_past_a_multiple_of_16_go_through_the_tail(native, monkeypatch, plane, channels,
-                                                                          threads):
-    """1 to 4 positions past a multiple of 16 (17-20 and a 7x7 plane's 49) are multiplied by each
-    whole panel of filters in the GEMM's narrow tail, not by a tile of 16 or 32 columns: every
-    count of them, depths that leave steps over after the tail's unrolled ones (5 and 67 taps),
-    40 filters (a last panel of 4), split over threads by filters (17-20 positions) or by
-    positions (49: [16, 49) on the second, 32 columns and the tail); with bias, residual and
-    activation, into y and over the residual. With AVX2, a plane whose rows do not start on cache
-    lines (7x7: 49 floats apart) is first copied whole into the GEMM's scratch."""
-    x, weight = randn(1, channels, *plane), randn(40, channels, 1, 1) / np.float32(np.sqrt(channels))
+                                                                          filters, threads):
+    """1 to 4 positions past a multiple of 16 (17-20 and a 7x7 plane's 49) are multiplied by whole
+    panels of filters in the GEMM's narrow tail, not by a tile of 16 or 32 columns, one panel at a
+    time for one position and a pair for more: every count of them, depths that leave steps over
+    after the tail's unrolled ones (5 and 67 taps), 40 filters (two pairs of panels, the last panel
+    of 4) and 36 (a last panel alone), split over threads by filters (17-20 positions: 24 and 16
+    or 12) or by positions (49: [16, 49) on the second, 32 columns and the tail); with bias,
+    residual and activation, into y and over the residual. With AVX2, a plane whose rows do not
+    start on cache lines (7x7: 49 floats apart) is first copied whole into the GEMM's scratch."""
+    x, weight = randn(1, channels, *plane), randn(filters, channels, 1, 1) / np.float32(np.sqrt(channels))
     _matches_into_y_and_over_the_residual(native, monkeypatch, x, weight, {}, "Clip", threads, lanes=False)
 
 
