@@ -310,7 +310,7 @@ OMRT_AVX2 static OMRT_INLINE void omrt_tail_step_avx2(const float *panel, const 
         a[1] = _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_loadu_ps(p + 8)), _mm_loadu_ps(q), 1);
         a[2] = _mm256_loadu_ps(q + 4);
     } else {
-        a[1] = _mm256_zextps128_ps256(_mm_loadu_ps(p + 8));
+        a[1] = _mm256_insertf128_ps(_mm256_setzero_ps(), _mm_loadu_ps(p + 8), 0);
     }
 #pragma GCC unroll 4
     for (int j = 0; j < cols; j++) {
