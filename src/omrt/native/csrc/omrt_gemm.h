@@ -357,8 +357,9 @@ OMRT_AVX2 static OMRT_INLINE void omrt_tail_sums_avx2(int64_t K, const float *pa
  * apart), then the epilogue (no col_bias). A step reads the panels' floats once and makes one FMA
  * per vector and column, where the 6 x 16 tiles it stands for make two per row. Two panels fill
  * three vectors where one filled one and a half: 4 columns took 7.5 cycles a step for 24 rows
- * against 5 for 12 (AMD Zen 4); 512 filters of 4608 taps over 100 columns took 0.95 of the time
- * (AVX2 tile) and 0.94 (AVX-512), of 2304 taps over 196 columns 0.97 and 0.95. One column waits
+ * against 5 for 12 (AMD Zen 4); 512 filters of 4608 taps over 100 columns took 0.93 of the time
+ * (AVX2 tile) and 0.93-0.94 (AVX-512), of 2304 taps over 196 columns 0.97-0.98 and 0.99, 256 of
+ * 1024 over 196 0.96 with either tile. One column waits
  * on its loads either way (3.9 cycles a step for 24 rows, 1.9 for 12): omrt_gemm_pass gives it
  * one panel at a time. */
 OMRT_AVX2 static inline void omrt_panel_tail_avx2(int64_t K, const float *panel, const float *next, const float *b,
