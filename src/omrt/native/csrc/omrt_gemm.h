@@ -353,8 +353,8 @@ OMRT_AVX2 static OMRT_INLINE void omrt_tail_sums_avx2(int64_t K, const float *pa
           : omrt_tail_sums_avx2(K, panel, NULL, b, bks, cols, unroll, 2, sums))
 
 /* c (rows <= 2 * OMRT_PANEL rows, cols <= OMRT_TAIL_COLS columns, pitch ldc) = K steps of a
- * panel, and of the `next` one when rows > OMRT_PANEL, times columns of b (K rows, bks floats
- * apart), then the epilogue (no col_bias). A step reads the panels' floats once and makes one FMA
+ * panel, and of the `next` one (NULL: none; rows > OMRT_PANEL only with it), times columns of b
+ * (K rows, bks floats apart), then the epilogue (no col_bias). A step reads the panels' floats once and makes one FMA
  * per vector and column, where the 6 x 16 tiles it stands for make two per row. Two panels fill
  * three vectors where one filled one and a half: 4 columns took 7.5 cycles a step for 24 rows
  * against 5 for 12 (AMD Zen 4); 512 filters of 4608 taps over 100 columns took 0.93 of the time
@@ -366,7 +366,6 @@ OMRT_AVX2 static inline void omrt_panel_tail_avx2(int64_t K, const float *panel,
                                                   int64_t bks, float *c, int64_t ldc, int64_t rows, int64_t cols,
                                                   const omrt_epilogue *e) {
     float sums[OMRT_TAIL_COLS * OMRT_MAX_NR];
-    if (rows <= OMRT_PANEL) next = NULL;
     switch (cols) {
     case 1: OMRT_TAIL_SUMS(1, 3); break;
     case 2: OMRT_TAIL_SUMS(2, 2); break;
@@ -627,8 +626,9 @@ static inline void omrt_gemm_pass(const omrt_gemm_call *g, int64_t k0, int64_t k
             const int64_t at_c = p + tiled;
             const omrt_epilogue at = omrt_pass_epilogue(g, k0, kk, from, at_c);
             const float *ap = g->panels + from / OMRT_PANEL * g->K * OMRT_PANEL + k0 * OMRT_PANEL;
-            omrt_panel_tail_avx2(kk, ap, ap + g->K * OMRT_PANEL, tail_b, tail_ld, g->c + (from - m0) * ldc + at_c,
-                                 ldc, m1 - from < tail_rows ? m1 - from : tail_rows, tail, &at);
+            const int64_t filters = m1 - from < tail_rows ? m1 - from : tail_rows;
+            omrt_panel_tail_avx2(kk, ap, filters > OMRT_PANEL ? ap + g->K * OMRT_PANEL : NULL, tail_b, tail_ld,
+                                 g->c + (from - m0) * ldc + at_c, ldc, filters, tail, &at);
         }
 #endif
     }
