@@ -347,30 +347,34 @@ OMRT_AVX2 static OMRT_INLINE void omrt_tail_sums_avx2(int64_t K, const float *pa
         }
 }
 
-/* omrt_tail_sums_avx2 for `cols` columns of one panel (next NULL) or two. */
-#define OMRT_TAIL_SUMS(cols, unroll)                                                                                 \
-    (next ? omrt_tail_sums_avx2(K, panel, next, b, bks, cols, unroll, 3, sums)                                      \
-          : omrt_tail_sums_avx2(K, panel, NULL, b, bks, cols, unroll, 2, sums))
+/* omrt_tail_sums_avx2 for one panel (next NULL) or two, each form with its vector count a
+ * constant. */
+OMRT_AVX2 static OMRT_INLINE void omrt_tail_sums_of(int64_t K, const float *panel, const float *next, const float *b,
+                                                    int64_t bks, int cols, int unroll, float *sums) {
+    if (next)
+        omrt_tail_sums_avx2(K, panel, next, b, bks, cols, unroll, 3, sums);
+    else
+        omrt_tail_sums_avx2(K, panel, NULL, b, bks, cols, unroll, 2, sums);
+}
 
 /* c (rows <= 2 * OMRT_PANEL rows, cols <= OMRT_TAIL_COLS columns, pitch ldc) = K steps of a
  * panel, and of the `next` one (NULL: none; rows > OMRT_PANEL only with it), times columns of b
- * (K rows, bks floats apart), then the epilogue (no col_bias). A step reads the panels' floats once and makes one FMA
- * per vector and column, where the 6 x 16 tiles it stands for make two per row. Two panels fill
- * three vectors where one filled one and a half: 4 columns took 7.5 cycles a step for 24 rows
- * against 5 for 12 (AMD Zen 4); 512 filters of 4608 taps over 100 columns took 0.93 of the time
- * (AVX2 tile) and 0.93-0.94 (AVX-512), of 2304 taps over 196 columns 0.97-0.98 and 0.99, 256 of
- * 1024 over 196 0.96 with either tile. One column waits
- * on its loads either way (3.9 cycles a step for 24 rows, 1.9 for 12): omrt_gemm_pass gives it
- * one panel at a time. */
+ * (K rows, bks floats apart), then the epilogue (no col_bias). A step reads the panels' floats
+ * once and makes one FMA per vector and column, where the 6 x 16 tiles it stands for make two per
+ * row. Two panels fill three vectors where one filled one and a half: 4 columns took 7.5 cycles a
+ * step for 24 rows against 5 for 12 (AMD Zen 4); 512 filters of 4608 taps over 100 columns took
+ * 0.93 of the time (AVX2 tile) and 0.93-0.94 (AVX-512), of 2304 taps over 196 columns 0.97-0.98
+ * and 0.99, 256 of 1024 over 196 0.96 with either tile. One column waits on its loads either way
+ * (3.9 cycles a step for 24 rows, 1.9 for 12): omrt_gemm_pass gives it one panel at a time. */
 OMRT_AVX2 static inline void omrt_panel_tail_avx2(int64_t K, const float *panel, const float *next, const float *b,
                                                   int64_t bks, float *c, int64_t ldc, int64_t rows, int64_t cols,
                                                   const omrt_epilogue *e) {
     float sums[OMRT_TAIL_COLS * OMRT_MAX_NR];
     switch (cols) {
-    case 1: OMRT_TAIL_SUMS(1, 3); break;
-    case 2: OMRT_TAIL_SUMS(2, 2); break;
-    case 3: OMRT_TAIL_SUMS(3, 1); break;
-    default: OMRT_TAIL_SUMS(4, 1); break;
+    case 1: omrt_tail_sums_of(K, panel, next, b, bks, 1, 3, sums); break;
+    case 2: omrt_tail_sums_of(K, panel, next, b, bks, 2, 2, sums); break;
+    case 3: omrt_tail_sums_of(K, panel, next, b, bks, 3, 1, sums); break;
+    default: omrt_tail_sums_of(K, panel, next, b, bks, 4, 1, sums); break;
     }
     omrt_store_transposed(sums, rows, cols, c, ldc, e);
 }
