@@ -317,6 +317,44 @@ def test_cli_run_and_demo_take_a_thread_count(tmp_path):
     assert res.returncode != 0 and "expected a whole number >= 1" in res.stderr
 
 
+STEAL_CHILD = """
+import os, sys
+import numpy as np
+os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})  # before the pool: its worker shares the core
+import omrt
+model = omrt.load(sys.argv[1], trust_kernels=True)
+if model.native is None:
+    print("no native library"); sys.exit(0)
+x = np.random.default_rng(1).standard_normal((1, 64, 48, 48)).astype(np.float32)
+omrt.set_num_threads(2)
+two = [model.session().run({"x": x})["y"] for _ in range(3)]  # fresh arenas: nothing left from another run
+omrt.set_num_threads(1)
+one = model.session().run({"x": x})["y"]
+print(max(float(np.abs(t - one).max()) for t in two) / float(np.abs(one).max()))
+"""
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "sched_setaffinity"), reason="needs sched_setaffinity")
+def test_items_a_worker_does_not_reach_are_taken_by_the_caller(tmp_path):
+    """On one core the worker runs only when the caller yields it the core: the caller finishes its
+    own range of each call, then takes the worker's items from the back. Every item runs once."""
+    import subprocess
+    import sys
+
+    rng = np.random.default_rng(4)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["y"], group=64, pads=[1, 1, 1, 1])]  # items: channels x bands
+    g = helper.make_graph(nodes, "dw", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64, 48, 48])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64, 48, 48])],
+                          [numpy_helper.from_array(rng.standard_normal((64, 1, 3, 3)).astype(np.float32), "w")])
+    path = str(tmp_path / "dw.om")
+    omrt.compile(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
+    out = subprocess.run([sys.executable, "-c", STEAL_CHILD, path], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    if out.stdout.strip() == "no native library":
+        pytest.skip("no native library for this host")
+    assert float(out.stdout) < 1e-5  # relative to the output's magnitude: sums in other orders only
+
+
 @pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs fork")
 def test_a_forked_child_gets_workers_of_its_own():
     import os

@@ -3,6 +3,9 @@
  * no Python between them, and the BLAS functions those items call.
  *
  * A call hands the pool a job; the calling thread takes items too and returns once all are done.
+ * Each thread owns a consecutive range of the items (thread 0 the first), runs it in order, then
+ * helps the others from the backs of their ranges: a layer's thread keeps to the same part of the
+ * data from layer to layer, and a worker that comes late loses its items to the others.
  * Idle workers spin for SPIN_NS, so that the layers of one run find them awake (waking a sleeping
  * thread costs tens of microseconds), then sleep on a condition variable. One job runs at a time:
  * a call that finds the pool busy (another thread's run, or a call from inside an item) runs its
@@ -49,11 +52,19 @@ static inline void relax(unsigned k) {
     if (k % YIELD_EVERY == 0) sched_yield();
 }
 
+/* The items a pool thread has left of its own range of a job: [first, end), one cache line per
+ * thread, packed in one word so that taking from the front (the owner) and from the back (another
+ * thread) are each one compare-and-swap. */
+typedef struct {
+    _Alignas(64) _Atomic uint64_t left;
+} range_t;
+
 typedef struct {
     omrt_item_fn fn;
     void *ctx;
     int64_t count, width;
-    _Atomic int64_t next, done;
+    _Alignas(64) _Atomic int64_t done;
+    range_t ranges[POOL_THREADS]; /* the first `width` are used */
 } job_t;
 
 static struct {
@@ -64,6 +75,7 @@ static struct {
     _Atomic int sleepers, active;
     _Atomic int caller_cpu; /* the core the latest job was submitted from, or -1 if unknown */
     int workers;
+    uint64_t first_epoch; /* the epoch before the job that made the newest workers: they take part in it */
     pthread_t threads[MAX_WORKERS];
 #ifdef __linux__
     cpu_set_t allowed; /* the cores the caller could use when it made the workers */
@@ -82,14 +94,34 @@ static int64_t now_ns(void) {
     return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
-/* Run items of `j` until none is left (this thread's share), adding its time to the thread's
- * busy counter. */
-static void take_items(job_t *j, int64_t thread) {
-    int64_t t0 = now_ns(), i;
-    while ((i = atomic_fetch_add(&j->next, 1)) < j->count) {
-        j->fn(j->ctx, i, thread);
-        atomic_fetch_add_explicit(&j->done, 1, memory_order_release);
+static uint64_t range_of(int64_t first, int64_t end) { return (uint64_t)first << 32 | (uint64_t)end; }
+
+/* Take one item of range r, from its front or its back; -1 when it is empty. */
+static int64_t take_from(range_t *r, int front) {
+    uint64_t left = atomic_load_explicit(&r->left, memory_order_relaxed);
+    for (;;) {
+        int64_t first = (int64_t)(left >> 32), end = (int64_t)(left & 0xffffffffu);
+        if (first >= end) return -1;
+        uint64_t rest = front ? range_of(first + 1, end) : range_of(first, end - 1);
+        if (atomic_compare_exchange_weak(&r->left, &left, rest)) return front ? first : end - 1;
     }
+}
+
+/* Run items of `j` until none is left (this thread's share), adding its time to the thread's
+ * busy counter. A thread runs its own range front to back, then the other ranges' items from
+ * their backs. Each thread thus starts on the same part of every layer's output (the items of
+ * a kernel follow its output in order), which the next layer mostly reads from the same part: a
+ * core keeps reading what it wrote, which matters where two cores share no cache. */
+static void take_items(job_t *j, int64_t thread) {
+    int64_t t0 = now_ns(), ran = 0, i;
+    for (int64_t k = 0; k < j->width; k++) {
+        range_t *r = &j->ranges[(thread + k) % j->width];
+        while ((i = take_from(r, k == 0)) >= 0) {
+            j->fn(j->ctx, i, thread);
+            ran++;
+        }
+    }
+    atomic_fetch_add_explicit(&j->done, ran, memory_order_release);
     atomic_fetch_add_explicit(&busy_time[thread].ns, now_ns() - t0, memory_order_relaxed);
 }
 
@@ -149,7 +181,7 @@ static int current_cpu(void) {
  * waits for the active count to drop before it returns: no worker touches a finished job. */
 static void *worker(void *arg) {
     int64_t thread = (int64_t)(intptr_t)arg;
-    uint64_t seen = atomic_load(&P.epoch);
+    uint64_t seen = P.first_epoch;
     for (;;) {
         seen = wait_for_job(seen);
         keep_off(atomic_load(&P.caller_cpu));
@@ -178,13 +210,14 @@ __attribute__((constructor)) static void register_fork_handler(void) {
 void omrt_parallel(omrt_item_fn fn, void *ctx, int64_t count, int64_t threads) {
     int64_t width = threads < count ? threads : count;
     if (width > MAX_WORKERS + 1) width = MAX_WORKERS + 1;
-    if (width <= 1 || pthread_mutex_trylock(&P.busy) != 0) {
+    if (width <= 1 || count > INT32_MAX || pthread_mutex_trylock(&P.busy) != 0) {
         for (int64_t i = 0; i < count; i++) fn(ctx, i, 0);
         return;
     }
 #ifdef __linux__
     if (P.workers == 0 && sched_getaffinity(0, sizeof P.allowed, &P.allowed) != 0) CPU_ZERO(&P.allowed);
 #endif
+    P.first_epoch = atomic_load(&P.epoch);
     while (P.workers < width - 1 &&
            pthread_create(&P.threads[P.workers], NULL, worker, (void *)(intptr_t)(P.workers + 1)) == 0) {
 #ifdef __linux__
@@ -192,17 +225,25 @@ void omrt_parallel(omrt_item_fn fn, void *ctx, int64_t count, int64_t threads) {
 #endif
         P.workers++;
     }
-    job_t j = {.fn = fn, .ctx = ctx, .count = count, .width = P.workers + 1 < width ? P.workers + 1 : width};
+    if (P.workers + 1 < width) width = P.workers + 1;
+    job_t job, *j = &job; /* not zeroed whole: only `width` ranges are read */
+    j->fn = fn;
+    j->ctx = ctx;
+    j->count = count;
+    j->width = width;
+    atomic_init(&j->done, 0);
+    for (int64_t t = 0; t < width; t++)
+        atomic_init(&j->ranges[t].left, range_of(omrt_part(count, width, t), omrt_part(count, width, t + 1)));
     atomic_store(&P.caller_cpu, current_cpu());
-    atomic_store(&P.current, &j);
+    atomic_store(&P.current, j);
     atomic_fetch_add(&P.epoch, 1);
     if (atomic_load(&P.sleepers) > 0) {
         pthread_mutex_lock(&P.sleep_lock);
         pthread_cond_broadcast(&P.wake);
         pthread_mutex_unlock(&P.sleep_lock);
     }
-    take_items(&j, 0);
-    for (unsigned k = 1; atomic_load_explicit(&j.done, memory_order_acquire) < count; k++) relax(k);
+    take_items(j, 0);
+    for (unsigned k = 1; atomic_load_explicit(&j->done, memory_order_acquire) < count; k++) relax(k);
     atomic_store(&P.current, NULL);
     for (unsigned k = 1; atomic_load(&P.active) > 0; k++) relax(k);
     pthread_mutex_unlock(&P.busy);
