@@ -54,6 +54,7 @@ from architectures import MODELS as REAL_MODELS
 from figures import host
 from hide_avx512 import cpuid_answers
 from omrt import bench
+from omrt.runtime.profile import round_trip_text
 
 LIGHT = ["bvlc_alexnet", "densenet121", "inception_v1", "inception_v2", "resnet50", "shufflenet",
          "squeezenet", "vgg19", "zfnet512"]
@@ -336,6 +337,12 @@ def seen(view: dict) -> str:
             f"omrt tile {view['omrt_tile']}{hidden}")
 
 
+def cores(rec: dict) -> str:
+    """' (cores 62 / 70 ns)': a record's round trips, when it has them."""
+    pair = rec.get("round_trip_ns")
+    return f" (cores {round_trip_text(pair)})" if pair else ""
+
+
 def geomean(xs: list[float]) -> float:
     xs = [x for x in xs if x and x > 0 and math.isfinite(x)]
     return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
@@ -354,9 +361,30 @@ def spawn(name: str, args: argparse.Namespace) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+FAR = 2.0
+"""A model ran on far cores when a cache line's round trip between omrt's first two threads, before
+or after its runs, took more than FAR times the fastest one of the whole comparison."""
+
+
+def round_trips(results: list[dict]) -> list[float]:
+    """Every round trip (ns) the workers timed between omrt's first two threads."""
+    return [ns for res in results for rec in res.get("threads", {}).values()
+            for ns in rec.get("round_trip_ns", []) if ns is not None]
+
+
+def far_cores(rec: dict, nearest: float) -> str:
+    """'  far cores (350 / 362 ns)' when `rec` ran on far cores (see FAR), else ''."""
+    pair = rec.get("round_trip_ns", [])
+    if not any(ns is not None and ns > FAR * nearest for ns in pair):
+        return ""
+    return f"  far cores ({round_trip_text(pair)})"
+
+
 def table(results: list[dict], threads: list[int]) -> tuple[str, dict]:
-    """The latency tables, one per thread count, with geometric means of the ratios; and those means."""
+    """The latency tables, one per thread count, with geometric means of the ratios; and those means.
+    Rows measured on far cores (see FAR) say so."""
     lines, summary = [], {}
+    nearest = min(round_trips(results), default=math.inf)
     for n in threads:
         lines.append("")
         lines.append(f"threads = {n}  (latency in ms: median / p90; ratio = omrt median / ORT median)")
@@ -370,7 +398,7 @@ def table(results: list[dict], threads: list[int]) -> tuple[str, dict]:
                 why = f"error: {res['error']}" if "error" in res else f"skipped: {res.get('skipped', 'no result')}"
                 lines.append(f"{res['model']:<18}  {why}")
                 continue
-            lines.append(bench.row(res["model"], rec))
+            lines.append(bench.row(res["model"], rec) + far_cores(rec, nearest))
             measured.append((res, rec["ratio_vs_run"], rec["ratio_vs_iobinding"]))
         lines.append("-" * len(head))
         summary[str(n)] = {}
@@ -482,12 +510,17 @@ def main(argv=None) -> int:
             print(f"  {name}: {'ERROR ' + res['error'] if 'error' in res else 'skipped: ' + res['skipped']}",
                   flush=True)
             continue
-        parts = [f"{n}t omrt {res['threads'][str(n)]['omrt']['median_ms']:.2f} ms / ORT "
-                 f"{res['threads'][str(n)]['ort_run']['median_ms']:.2f} ms" for n in args.threads]
+        parts = [f"{n}t omrt {rec['omrt']['median_ms']:.2f} ms / ORT {rec['ort_run']['median_ms']:.2f} ms"
+                 + cores(rec) for n, rec in ((n, res['threads'][str(n)]) for n in args.threads)]
         print(f"  {name}: compiled in {res['compile_s']:.2f} s; {'; '.join(parts)} "
               f"({time.perf_counter() - t:.0f} s)", flush=True)
     text, summary = table(results, args.threads)
     print(text)
+    trips = round_trips(results)
+    if trips:
+        print(f"\ncores: a cache line from omrt's first thread to its second and back took {min(trips):.0f} to "
+              f"{max(trips):.0f} ns; rows marked far cores took over {FAR:g}x the fastest, on cores that share no "
+              "cache (a virtual machine's CPUs can move so): there each layer's output crosses between the cores")
     print("\nthe workers saw: " + "; ".join(sorted({seen(r["cpu_view"]) for r in results if "cpu_view" in r})))
     load_after = os.getloadavg() if hasattr(os, "getloadavg") else None
     if load_before and load_after:

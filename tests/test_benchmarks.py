@@ -63,6 +63,9 @@ def test_compare_beside_a_busy_neighbour_records_it_and_stops_it(tmp_path):
     assert beside["cpu"] == max(os.sched_getaffinity(0)) and (beside["busy_ms"], beside["period_ms"]) == (3, 10)
     assert 0.05 < beside["cpu_share"] < 0.9  # it ran, busy part of the time
     assert res["threads"]["2"]["omrt"]["median_ms"] > 0
+    trips = res["threads"]["2"]["round_trip_ns"]  # how far apart omrt's two cores were, before and after
+    assert len(trips) == 2 and all(ns is None or ns > 0 for ns in trips)
+    assert "(cores " in proc.stdout and "cores: a cache line from omrt's first thread" in proc.stdout
     running = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
@@ -71,6 +74,20 @@ def test_compare_beside_a_busy_neighbour_records_it_and_stops_it(tmp_path):
         except OSError:
             continue
     assert not any(b"os.sched_setaffinity(0, {int(sys.argv[1])})" in cmd for cmd in running)
+
+
+def test_compare_marks_the_rows_measured_on_far_cores():
+    sys.path.insert(0, BENCH)
+    try:
+        from compare import far_cores, round_trips
+    finally:
+        sys.path.remove(BENCH)
+    near, far, lost = {"round_trip_ns": [60.0, 70.0]}, {"round_trip_ns": [60.0, 350.0]}, {"round_trip_ns": [None, 65.0]}
+    results = [{"threads": {"1": {}, "2": near}}, {"threads": {"2": far}}, {"threads": {"2": lost}}, {"error": "x"}]
+    assert sorted(round_trips(results)) == [60.0, 60.0, 65.0, 70.0, 350.0]
+    assert far_cores(near, 60.0) == "" and far_cores(lost, 60.0) == "" and far_cores({}, 60.0) == ""
+    assert far_cores(far, 60.0) == "  far cores (60 / 350 ns)"
+    assert far_cores({"round_trip_ns": [None, 350.0]}, 60.0) == "  far cores (- / 350 ns)"
 
 
 @pytest.mark.parametrize("spec, message", [("2", "give BUSY/PERIOD in ms"), ("12/10", "at most PERIOD")])

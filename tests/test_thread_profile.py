@@ -8,6 +8,7 @@ import contextlib
 import io
 import os
 import re
+import subprocess
 import sys
 
 import numpy as np
@@ -156,6 +157,29 @@ def test_cli_profile_prints_each_threads_busy_time_and_the_idle_share(conv_om):
     assert re.search(r"\n  Transpose +[0-9.]+ ms +[0-9.]+% +0\.000 +0\.000 +100\.0%", text)
     assert "whole run:" in text and "idle" in text.split("whole run:")[1]
     assert "leaves threads t1+ idle" in text
+    assert re.search(r"\ncores: a cache line from t0 to t1 and back took ([0-9]+|-) / ([0-9]+|-) ns before and after", text)
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores")
+def test_two_threads_time_how_far_apart_their_cores_are(conv_om):
+    _, sess = _native_session(conv_om)
+    before, after = sess.profile_threads(_feeds(), repeat=2).round_trip_ns
+    # between runs the pool is free, so a worker answers; each side waits at most 20 ms for the other
+    assert all(ns is not None and 0 < ns < 20e6 for ns in (before, after))
+    omrt.set_num_threads(1)
+    assert sess.profile_threads(_feeds(), repeat=1).round_trip_ns is None
+
+
+def test_a_worker_made_for_a_job_takes_part_in_it(conv_om):
+    """The first split call of a process makes the pool's worker, which must join that call, not
+    only the next one: a fresh process's first round trip is answered."""
+    code = ("import sys, omrt; m = omrt.load(sys.argv[1], trust_kernels=True); "
+            "print('no native library' if m.native is None else m.native.round_trip_ns())")
+    out = subprocess.run([sys.executable, "-c", code, conv_om], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    if out.stdout.strip() == "no native library":
+        pytest.skip("no native library for this host")
+    assert float(out.stdout) > 0
 
 
 def _workers() -> list[int]:

@@ -219,7 +219,9 @@ def interleave(fns: Mapping[str, Callable[[], Any]], runs: int, block: int, budg
 
 def measure_threads(target: Target, threads: int, runs: int, warmup: int, block: int = 5,
                     budget: float = math.inf, settle: float = SETTLE_S) -> dict:
-    """Time omrt, and ORT run() and IOBinding when onnxruntime is installed, on `threads` threads."""
+    """Time omrt, and ORT run() and IOBinding when onnxruntime is installed, on `threads` threads;
+    with several, also how far apart omrt's first two cores were before and after (`round_trip_ns`,
+    see `omrt.ThreadProfile.round_trip_ns`)."""
     from .native.blas import blas_threads
 
     ort = import_ort()
@@ -252,7 +254,11 @@ def measure_threads(target: Target, threads: int, runs: int, warmup: int, block:
             for _ in range(warmup):
                 fn()
         copied0, runs0 = sess.stats.bytes_copied, sess.stats.runs
+        native = sess.model.native if threads > 1 else None
+        before = native.round_trip_ns() if native is not None else None
         times = interleave(fns, runs, block, budget, settle)
+        if native is not None:
+            rec["round_trip_ns"] = [before, native.round_trip_ns()]
         rec["bytes_copied_per_run"] = (sess.stats.bytes_copied - copied0) / max(sess.stats.runs - runs0, 1)
     rec.update({k: stats(v) for k, v in times.items()})
     if ort is not None:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 
 from .errors import OmrtError
-from .runtime.profile import PROFILE_BY
+from .runtime.profile import PROFILE_BY, round_trip_text
 
 if TYPE_CHECKING:
     from .runtime import OpThreads, Session
@@ -183,6 +183,11 @@ def _print_profile(sess: Session, repeat: int, threads: int, by: str = "op") -> 
               f"{', '.join(f'{b * 1e3:.3f}' for b in run.busy[1:])} ms of it: idle {100 * run.idle:.1f}%")
         print("busy: time on omrt's split work (its native pool and its own threads); work that runs "
               "elsewhere (numpy, OpenBLAS, a kernel that does not split) leaves threads t1+ idle")
+        if prof.round_trip_ns is not None:
+            print(f"cores: a cache line from t0 to t1 and back took {round_trip_text(prof.round_trip_ns)} before and "
+                  "after the runs (tens of ns: the cores share a cache; hundreds: they are on different dies or "
+                  "sockets, each layer's output crosses between them, and t1 gains less)")
+
 
 
 def _thread_columns(fig: OpThreads) -> str:

@@ -38,6 +38,12 @@ POOL_BUSY = Function("workers", "omrt_pool_busy", (Array("ns", "n", write=True, 
                      requires=("n <= POOL_THREADS",))
 """The nanoseconds each of the worker pool's first n threads spent running items so far."""
 
+POOL_ROUND_TRIP = Function("workers", "omrt_pool_round_trip",
+                           (Int("rounds", 1), Array("ns", "1", write=True, dtype="int64")),
+                           requires=("rounds <= 100000",))
+"""Nanoseconds a cache line took to pass `rounds` times from the calling thread to pool worker 1
+and back, or -1 when no worker took part within 20 ms."""
+
 RUN_CALLS = Function("workers", "omrt_run_calls", (Array("table", "2 * calls", dtype="int64"), Int("calls", 1)))
 """Checked calls in one: `calls` pairs (thunk, argument vector), addresses the executor took
 from calls it checked (omrt.native.library.Checked)."""
@@ -283,8 +289,8 @@ its update and reset rows, then its candidate rows."""
 GRU_PACKED = _gru("omrt_gru_packed_f32", Array("RT", "dirs * Gp * hidden"), "0")
 """The same over R's panels packed at compile time (omrt.kernels.recurrent.pack_recurrence)."""
 
-FUNCTIONS = (USE_BLAS, POOL_BUSY, RUN_CALLS, GEMM_TILE, DWCONV2D, IM2COL2D, CONV2D, PCONV2D, POOL2D, GLOBAL_POOL, WINOGRAD,
-             MATMUL, PMATMUL, ATTENTION, GELU, LRN, BINARY, COPY_BLOCKS, REPEAT2D, DECONV, LSTM,
+FUNCTIONS = (USE_BLAS, POOL_BUSY, POOL_ROUND_TRIP, RUN_CALLS, GEMM_TILE, DWCONV2D, IM2COL2D, CONV2D, PCONV2D, POOL2D,
+             GLOBAL_POOL, WINOGRAD, MATMUL, PMATMUL, ATTENTION, GELU, LRN, BINARY, COPY_BLOCKS, REPEAT2D, DECONV, LSTM,
              LSTM_PACKED, GRU, GRU_PACKED)
 """Every exported C function, the library's entry point first."""
 

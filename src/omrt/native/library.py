@@ -18,7 +18,7 @@ from typing import Any, Callable
 import numpy as np
 
 from .blas import blas_functions
-from .bindings import POOL_BUSY, USE_BLAS
+from .bindings import POOL_BUSY, POOL_ROUND_TRIP, USE_BLAS
 from .signature import THUNK_PREFIX, Function
 
 CORE = "workers"
@@ -138,6 +138,7 @@ class Library:
         if cblas is not None:
             self._cfunc(USE_BLAS)(*USE_BLAS.check(cblas))
         self._pool_busy = self._cfunc(POOL_BUSY)
+        self._pool_round_trip = self._cfunc(POOL_ROUND_TRIP)
 
     def _cfunc(self, fn: Function) -> Callable:
         cfunc = getattr(self._cdll, fn.symbol)
@@ -155,6 +156,16 @@ class Library:
         ns = np.zeros(threads, np.int64)
         self._pool_busy(*POOL_BUSY.check([ns, threads]))
         return ns
+
+    def round_trip_ns(self, rounds: int = 2000) -> float | None:
+        """Mean nanoseconds a cache line takes to pass from the calling thread to the worker pool's
+        first worker and back (over `rounds` trips), or None when no worker took part (the pool
+        busy with another thread's run). Tens of nanoseconds between cores that share a cache;
+        hundreds between dies or sockets, where each layer's output crosses from one core to the
+        other and two threads gain less. Starts the worker if there is none yet."""
+        ns = np.zeros(1, np.int64)
+        self._pool_round_trip(*POOL_ROUND_TRIP.check([rounds, ns]))
+        return float(ns[0]) / rounds if ns[0] >= 0 else None
 
     def calls(self) -> dict[str, int]:
         """symbol -> how many times this model ran it."""

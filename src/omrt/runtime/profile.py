@@ -51,6 +51,17 @@ class ThreadProfile:
     threads: int
     ops: dict[str, OpThreads]
     run: OpThreads
+    round_trip_ns: tuple[float | None, float | None] | None = None
+    """Before and after the runs, the mean nanoseconds a cache line took to pass from the calling
+    thread to the native pool's first worker and back (`omrt.native.library.Library.round_trip_ns`;
+    None where no worker took part); None with one thread or no native library. Tens of
+    nanoseconds: the two cores share a cache. Hundreds: they sit on different dies or sockets,
+    every layer's output crosses between them, and the second thread gains less."""
+
+
+def round_trip_text(pair: tuple[float | None, float | None] | list) -> str:
+    """A before-and-after pair of round trips as '62 / 70 ns' ('-' for a side no worker answered)."""
+    return " / ".join("-" if ns is None else f"{ns:.0f}" for ns in pair) + " ns"
 
 
 def pool_reader(native: Any, threads: int) -> Callable[[], np.ndarray] | None:
@@ -114,7 +125,8 @@ class Tally:
         """`key`'s means over `runs` runs."""
         return OpThreads(self.wall[key] / runs, tuple(float(b) * 1e-9 / runs for b in self.busy.get(key, ())))
 
-    def profile(self, threads: int, runs: int) -> ThreadProfile:
+    def profile(self, threads: int, runs: int,
+                round_trip_ns: tuple[float | None, float | None] | None = None) -> ThreadProfile:
         """The figures of every op type, slowest first, and of the whole run."""
         ops = {key: self.figures(key, runs) for key, _ in self.wall.most_common() if key != RUN}
-        return ThreadProfile(threads, ops, self.figures(RUN, runs))
+        return ThreadProfile(threads, ops, self.figures(RUN, runs), round_trip_ns)

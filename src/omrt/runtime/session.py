@@ -332,10 +332,14 @@ class Session:
         as `profile`; slowest first) and for the whole run, mean wall seconds, each thread's busy
         seconds, and the share of the second and later threads' time they idled. Work outside
         omrt's threads (numpy, OpenBLAS, kernels that do not split) idles them: that is where to
-        look. The counters belong to the process, so profile with no other run going."""
-        threads = get_num_threads()
-        tally = self._profiled(feeds, repeat, Tally(pool_reader(self.model.native, threads), by))
-        return tally.profile(threads, repeat)
+        look. With several threads it also times how far apart the cores are, before and after
+        (`ThreadProfile.round_trip_ns`). The counters belong to the process, so profile with no
+        other run going."""
+        threads, native = get_num_threads(), self.model.native
+        probe = native is not None and threads > 1
+        before = native.round_trip_ns() if probe else None
+        tally = self._profiled(feeds, repeat, Tally(pool_reader(native, threads), by))
+        return tally.profile(threads, repeat, (before, native.round_trip_ns()) if probe else None)
 
     def _profiled(self, feeds: Mapping[str, Any] | None, repeat: int, tally: Tally) -> Tally:
         """`tally` after `repeat` runs that add every task's figures to it, and each run's."""

@@ -249,6 +249,70 @@ void omrt_parallel(omrt_item_fn fn, void *ctx, int64_t count, int64_t threads) {
     pthread_mutex_unlock(&P.busy);
 }
 
+/* A cache line passed from the calling thread to a pool worker and back `rounds` times: how far
+ * apart the cores that split a layer are. Each side gives up after RALLY_WAIT_NS without an
+ * answer (a worker that never came, or one the scheduler took off its core). */
+#define RALLY_WAIT_NS 20000000
+
+typedef struct {
+    _Alignas(64) _Atomic int64_t ball; /* 2i + 1: the caller's i-th throw; 2i + 2: the return; -1: off */
+    _Atomic int joined;                /* 1 once a worker took its part, -1 once the caller gave up */
+    int64_t rounds, ns;
+} rally_t;
+
+/* Spin until *ball is `want` or -1; false if RALLY_WAIT_NS pass first. */
+static int await_ball(_Atomic int64_t *ball, int64_t want) {
+    int64_t t0 = now_ns(), b;
+    for (unsigned k = 1; (b = atomic_load(ball)) != want; k++) {
+        if (b == -1 || ((k & 255) == 0 && now_ns() - t0 > RALLY_WAIT_NS)) return 0;
+        relax(k);
+    }
+    return 1;
+}
+
+/* Thread 0 throws and times; any other thread returns. Either part, run by a thread with no
+ * partner (both items on one thread), finds the rally off and returns at once. */
+static void rally_part(void *p, int64_t item, int64_t thread) {
+    rally_t *r = p;
+    (void)item;
+    if (thread != 0) {
+        int idle = 0;
+        if (!atomic_compare_exchange_strong(&r->joined, &idle, 1)) return;
+        for (int64_t i = 0; i < r->rounds; i++) {
+            if (!await_ball(&r->ball, 2 * i + 1)) return;
+            atomic_store(&r->ball, 2 * i + 2);
+        }
+        return;
+    }
+    int64_t t0 = now_ns();
+    int joined;
+    for (unsigned k = 1; (joined = atomic_load(&r->joined)) == 0; k++) {
+        if (now_ns() - t0 > RALLY_WAIT_NS && atomic_compare_exchange_strong(&r->joined, &joined, -1)) return;
+        relax(k);
+    }
+    if (joined != 1) return;
+    t0 = now_ns();
+    for (int64_t i = 0; i < r->rounds; i++) {
+        atomic_store(&r->ball, 2 * i + 1);
+        if (!await_ball(&r->ball, 2 * i + 2)) {
+            atomic_store(&r->ball, -1);
+            return;
+        }
+    }
+    r->ns = now_ns() - t0;
+}
+
+/* ns[0] = the nanoseconds `rounds` round trips of a cache line between the calling thread and
+ * pool worker 1 took, or -1 when no worker took part in time (the pool busy with another run,
+ * or no CPU for a worker). */
+OMRT_EXPORT void omrt_pool_round_trip(int64_t rounds, int64_t *ns) {
+    rally_t r = {.rounds = rounds, .ns = -1};
+    atomic_init(&r.ball, 0);
+    atomic_init(&r.joined, 0);
+    omrt_parallel(rally_part, &r, 2, 2);
+    ns[0] = r.ns;
+}
+
 typedef void (*sgemm_ilp64)(int, int, int, int64_t, int64_t, int64_t, float, const float *, int64_t,
                             const float *, int64_t, float, float *, int64_t);
 typedef void (*sgemm_lp64)(int, int, int, int, int, int, float, const float *, int, const float *, int,
