@@ -43,6 +43,7 @@ import numpy as np
 
 from .errors import InputError, OmrtError
 from .runtime import IOSpec, Model, Session
+from .runtime.profile import around_round_trips
 from .zoo import scaled_error
 
 TOLERANCE = 1e-3
@@ -254,11 +255,10 @@ def measure_threads(target: Target, threads: int, runs: int, warmup: int, block:
             for _ in range(warmup):
                 fn()
         copied0, runs0 = sess.stats.bytes_copied, sess.stats.runs
-        native = sess.model.native if threads > 1 else None
-        before = native.round_trip_ns() if native is not None else None
-        times = interleave(fns, runs, block, budget, settle)
-        if native is not None:
-            rec["round_trip_ns"] = [before, native.round_trip_ns()]
+        times, trips = around_round_trips(sess.model.native, threads,
+                                          lambda: interleave(fns, runs, block, budget, settle))
+        if trips is not None:
+            rec["round_trip_ns"] = list(trips)
         rec["bytes_copied_per_run"] = (sess.stats.bytes_copied - copied0) / max(sess.stats.runs - runs0, 1)
     rec.update({k: stats(v) for k, v in times.items()})
     if ort is not None:

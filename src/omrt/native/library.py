@@ -159,8 +159,8 @@ class Library:
 
     def round_trip_ns(self, rounds: int = 2000) -> float | None:
         """Mean nanoseconds a cache line takes to pass from the calling thread to the worker pool's
-        first worker and back (over `rounds` trips), or None when no worker took part (the pool
-        busy with another thread's run). Tens of nanoseconds between cores that share a cache;
+        first worker and back (over `rounds` trips), or None when no worker took part within 20 ms
+        (the pool busy with another thread's run): for profiles and benchmarks. Tens of nanoseconds between cores that share a cache;
         hundreds between dies or sockets, where each layer's output crosses from one core to the
         other and two threads gain less. Starts the worker if there is none yet."""
         ns = np.zeros(1, np.int64)

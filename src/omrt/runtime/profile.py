@@ -14,11 +14,13 @@ from __future__ import annotations
 import time
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
 import numpy as np
 
 from ..kernels.parallel import busy_ns
+
+T = TypeVar("T")
 
 Mark = tuple[float, float, np.ndarray | None]
 """A reading: the clock, the time spent reading counters so far, and each thread's busy
@@ -57,6 +59,16 @@ class ThreadProfile:
     None where no worker took part); None with one thread or no native library. Tens of
     nanoseconds: the two cores share a cache. Hundreds: they sit on different dies or sockets,
     every layer's output crosses between them, and the second thread gains less."""
+
+
+def around_round_trips(native: Any, threads: int, work: Callable[[], T]) -> tuple[T, tuple | None]:
+    """work()'s result, and the cores' round trips before and after it (`ThreadProfile.round_trip_ns`);
+    None with one thread or no native library."""
+    if native is None or threads < 2:
+        return work(), None
+    before = native.round_trip_ns()
+    done = work()
+    return done, (before, native.round_trip_ns())
 
 
 def round_trip_text(pair: tuple[float | None, float | None] | list) -> str:
@@ -125,8 +137,7 @@ class Tally:
         """`key`'s means over `runs` runs."""
         return OpThreads(self.wall[key] / runs, tuple(float(b) * 1e-9 / runs for b in self.busy.get(key, ())))
 
-    def profile(self, threads: int, runs: int,
-                round_trip_ns: tuple[float | None, float | None] | None = None) -> ThreadProfile:
+    def profile(self, threads: int, runs: int, round_trip_ns: tuple | None = None) -> ThreadProfile:
         """The figures of every op type, slowest first, and of the whole run."""
         ops = {key: self.figures(key, runs) for key, _ in self.wall.most_common() if key != RUN}
         return ThreadProfile(threads, ops, self.figures(RUN, runs), round_trip_ns)

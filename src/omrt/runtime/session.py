@@ -21,7 +21,7 @@ from ..plan import DYNAMIC
 from .executor import Executor
 from .io import Stats, as_array, as_value, owned, span
 from .prepare import IOSpec, Prepared
-from .profile import RUN, Tally, ThreadProfile, pool_reader
+from .profile import RUN, Tally, ThreadProfile, around_round_trips, pool_reader
 from .stream import WeightStream
 
 if TYPE_CHECKING:
@@ -336,10 +336,9 @@ class Session:
         (`ThreadProfile.round_trip_ns`). The counters belong to the process, so profile with no
         other run going."""
         threads, native = get_num_threads(), self.model.native
-        probe = native is not None and threads > 1
-        before = native.round_trip_ns() if probe else None
-        tally = self._profiled(feeds, repeat, Tally(pool_reader(native, threads), by))
-        return tally.profile(threads, repeat, (before, native.round_trip_ns()) if probe else None)
+        tally, trips = around_round_trips(
+            native, threads, lambda: self._profiled(feeds, repeat, Tally(pool_reader(native, threads), by)))
+        return tally.profile(threads, repeat, trips)
 
     def _profiled(self, feeds: Mapping[str, Any] | None, repeat: int, tally: Tally) -> Tally:
         """`tally` after `repeat` runs that add every task's figures to it, and each run's."""

@@ -210,6 +210,7 @@ __attribute__((constructor)) static void register_fork_handler(void) {
 void omrt_parallel(omrt_item_fn fn, void *ctx, int64_t count, int64_t threads) {
     int64_t width = threads < count ? threads : count;
     if (width > MAX_WORKERS + 1) width = MAX_WORKERS + 1;
+    /* a range packs its bounds in 32 bits each (range_of) */
     if (width <= 1 || count > INT32_MAX || pthread_mutex_trylock(&P.busy) != 0) {
         for (int64_t i = 0; i < count; i++) fn(ctx, i, 0);
         return;
