@@ -510,8 +510,9 @@ def main(argv=None) -> int:
             print(f"  {name}: {'ERROR ' + res['error'] if 'error' in res else 'skipped: ' + res['skipped']}",
                   flush=True)
             continue
+        recs = {n: res["threads"][str(n)] for n in args.threads}
         parts = [f"{n}t omrt {rec['omrt']['median_ms']:.2f} ms / ORT {rec['ort_run']['median_ms']:.2f} ms"
-                 + cores(rec) for n, rec in ((n, res['threads'][str(n)]) for n in args.threads)]
+                 + cores(rec) for n, rec in recs.items()]
         print(f"  {name}: compiled in {res['compile_s']:.2f} s; {'; '.join(parts)} "
               f"({time.perf_counter() - t:.0f} s)", flush=True)
     text, summary = table(results, args.threads)

@@ -189,7 +189,6 @@ def _print_profile(sess: Session, repeat: int, threads: int, by: str = "op") -> 
                   "sockets, each layer's output crosses between them, and t1 gains less)")
 
 
-
 def _thread_columns(fig: OpThreads) -> str:
     """Each thread's busy ms and the other threads' idle share, as table columns."""
     return "".join(f"{b * 1e3:10.3f}" for b in fig.busy) + f"  {100 * fig.idle:7.1f}%"

@@ -160,9 +160,10 @@ class Library:
     def round_trip_ns(self, rounds: int = 2000) -> float | None:
         """Mean nanoseconds a cache line takes to pass from the calling thread to the worker pool's
         first worker and back (over `rounds` trips), or None when no worker took part within 20 ms
-        (the pool busy with another thread's run): for profiles and benchmarks. Tens of nanoseconds between cores that share a cache;
-        hundreds between dies or sockets, where each layer's output crosses from one core to the
-        other and two threads gain less. Starts the worker if there is none yet."""
+        (the pool busy with another thread's run): for profiles and benchmarks, not runs. Tens of
+        nanoseconds between cores that share a cache; hundreds between dies or sockets, where each
+        layer's output crosses from one core to the other and two threads gain less. Starts the
+        worker if there is none yet."""
         ns = np.zeros(1, np.int64)
         self._pool_round_trip(*POOL_ROUND_TRIP.check([rounds, ns]))
         return float(ns[0]) / rounds if ns[0] >= 0 else None

@@ -54,11 +54,10 @@ class ThreadProfile:
     ops: dict[str, OpThreads]
     run: OpThreads
     round_trip_ns: tuple[float | None, float | None] | None = None
-    """Before and after the runs, the mean nanoseconds a cache line took to pass from the calling
-    thread to the native pool's first worker and back (`omrt.native.library.Library.round_trip_ns`;
-    None where no worker took part); None with one thread or no native library. Tens of
-    nanoseconds: the two cores share a cache. Hundreds: they sit on different dies or sockets,
-    every layer's output crosses between them, and the second thread gains less."""
+    """How far apart the first two threads' cores were, before and after the runs: the mean
+    round trip of a cache line between them, in ns (`omrt.native.library.Library.round_trip_ns`,
+    which says how to read it; None for a side no worker answered). None with one thread or no
+    native library."""
 
 
 def around_round_trips(native: Any, threads: int, work: Callable[[], T]) -> tuple[T, tuple | None]:

@@ -110,8 +110,9 @@ static int64_t take_from(range_t *r, int front) {
 /* Run items of `j` until none is left (this thread's share), adding its time to the thread's
  * busy counter. A thread runs its own range front to back, then the other ranges' items from
  * their backs. Each thread thus starts on the same part of every layer's output (the items of
- * a kernel follow its output in order), which the next layer mostly reads from the same part: a
- * core keeps reading what it wrote, which matters where two cores share no cache. */
+ * a kernel follow its output in order), and where the next layer splits the same way it reads
+ * that part there: a core keeps reading what it wrote, which matters where two cores share no
+ * cache. */
 static void take_items(job_t *j, int64_t thread) {
     int64_t t0 = now_ns(), ran = 0, i;
     for (int64_t k = 0; k < j->width; k++) {
