@@ -72,25 +72,24 @@ static void pack_part(void *p, int64_t item, int64_t thread) {
     omrt_pack_rows(j->a, j->lda, j->M, j->K, item * OMRT_PANEL, j->panels + item * j->K * OMRT_PANEL);
 }
 
-/* Ask for the panel-th of P pieces of strip s into L2, for a tile narrower than a strip (AVX2),
- * which reads a strip in passes over half its lines: each item fetches a piece of the strip the
- * thread does next, so that weights coming from memory arrive ahead of it. In a MiniLM-style
+/* The panel-th of P pieces of strip s, for a tile narrower than a strip (AVX2), which reads a
+ * strip in passes over half its lines: each item asks for a piece of the strip the thread does
+ * next (see omrt_fetch), so that weights coming from memory arrive ahead of it. In a MiniLM-style
  * encoder on an Intel Xeon with AVX-512 hidden, its products took 0.92-0.98 of the time; with the
  * AVX-512 tile, which reads each strip whole, alone in a C loop asking took 1.03-1.04 of it. */
-static void prefetch_strip_piece(const pmm_job *j, int64_t s, int64_t panel) {
-    if (s >= (j->N + OMRT_MAX_NR - 1) / OMRT_MAX_NR || omrt_gemm_pick().nr == OMRT_MAX_NR) return;
-    omrt_prefetch_piece(j->strips + s * j->K * OMRT_MAX_NR, j->K * OMRT_MAX_NR, panel, j->P);
+static omrt_fetch strip_piece(const pmm_job *j, int64_t s, int64_t panel) {
+    if (s >= (j->N + OMRT_MAX_NR - 1) / OMRT_MAX_NR || omrt_gemm_pick().nr == OMRT_MAX_NR) return omrt_no_fetch;
+    return omrt_fetch_part(omrt_fetch_floats(j->strips + s * j->K * OMRT_MAX_NR, j->K * OMRT_MAX_NR), panel, j->P);
 }
 
 /* Tile (strip s, panel): the tile writes column n at c + n, so c is shifted for part p's columns
  * to land at its own start. */
 static void strip_tile(const pmm_job *j, int64_t s, int64_t panel) {
     const int64_t part = s * OMRT_MAX_NR / j->part_cols;
-    prefetch_strip_piece(j, s + j->ahead, panel);
     omrt_epilogue e = {NULL, j->bias, j->act, j->alpha, j->beta, NULL};
     float *c = j->c + part * (j->part_stride - j->part_cols);
     omrt_strip_tile(j->panels + panel * j->K * OMRT_PANEL, j->strips, s, j->K, j->M, j->N, panel * OMRT_PANEL, c,
-                    j->ldc, &e);
+                    j->ldc, &e, strip_piece(j, s + j->ahead, panel));
 }
 
 /* Item (strip, panel), panels fastest: a thread's next item mostly reads the strip it just did. */

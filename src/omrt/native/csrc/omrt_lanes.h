@@ -424,17 +424,22 @@ static inline void omrt_lanes_gemm(const float *strips, int64_t K, int64_t f0, i
             const int64_t filters = f1 - f < OMRT_MAX_NR ? f1 - f : OMRT_MAX_NR;
             for (int64_t p = 0; p < n; p += OMRT_PANEL) {
                 const int64_t cols = n - p < OMRT_PANEL ? n - p : OMRT_PANEL;
-                if (kind.nr < OMRT_MAX_NR && f + OMRT_MAX_NR < f1) /* the next strip's rows, a piece per panel */
-                    omrt_prefetch_piece(strip + K * OMRT_MAX_NR, kk * OMRT_MAX_NR, p / OMRT_PANEL,
-                                        (n + OMRT_PANEL - 1) / OMRT_PANEL);
+                /* the next strip's rows, a piece per panel, shared out among its tiles */
+                const omrt_fetch piece = kind.nr < OMRT_MAX_NR && f + OMRT_MAX_NR < f1
+                                             ? omrt_fetch_part(omrt_fetch_floats(strip + K * OMRT_MAX_NR,
+                                                                                 kk * OMRT_MAX_NR),
+                                                               p / OMRT_PANEL, (n + OMRT_PANEL - 1) / OMRT_PANEL)
+                                             : omrt_no_fetch;
                 const int64_t lda = p < whole ? ldb : OMRT_PANEL;
                 const float *a = (p < whole ? b + p : panel) + k0 * lda;
+                const int64_t steps = (cols + kind.rows - 1) / kind.rows;
+                const int64_t tiles = (filters + kind.nr - 1) / kind.nr * steps;
                 for (int64_t h = 0; h * kind.nr < filters; h++)
                     for (int64_t r = 0; r < cols; r += kind.rows)
-                        kind.tile(kk, a + r, lda, strip + h * kind.nr, OMRT_MAX_NR,
-                                  sums + r * OMRT_MAX_NR + h * kind.nr, OMRT_MAX_NR,
-                                  cols - r < kind.rows ? cols - r : kind.rows,
-                                  filters - h * kind.nr < kind.nr ? filters - h * kind.nr : kind.nr, &plain);
+                        omrt_tile_with(&kind, omrt_fetch_part(piece, h * steps + r / kind.rows, tiles), kk, a + r,
+                                       lda, strip + h * kind.nr, OMRT_MAX_NR, sums + r * OMRT_MAX_NR + h * kind.nr,
+                                       OMRT_MAX_NR, cols - r < kind.rows ? cols - r : kind.rows,
+                                       filters - h * kind.nr < kind.nr ? filters - h * kind.nr : kind.nr, &plain);
                 float *out = c + (f - f0) * ldc + p;
                 const float *before = first ? (e->residual ? e->residual + (f - f0) * ldc + p : NULL) : out;
                 const omrt_epilogue at = {first && e->bias ? e->bias + f : NULL, NULL,

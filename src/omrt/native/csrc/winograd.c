@@ -236,7 +236,7 @@ static void multiply(const wg_job *j, const float *V, float *M, float *rows, flo
             const float *Ue = j->U + (e * panels + a / OMRT_PANEL) * C * OMRT_PANEL;
             for (int64_t s = 0; s * OMRT_MAX_NR < n; s++)
                 for (int64_t r0 = 0; r0 < fp; r0 += OMRT_PANEL)
-                    omrt_strip_tile(Ue + r0 * C, V + e * es, s, C, fp, n, r0, M + e * fp * n, n, &none);
+                    omrt_strip_tile(Ue + r0 * C, V + e * es, s, C, fp, n, r0, M + e * fp * n, n, &none, omrt_no_fetch);
         }
         j->transform_out(M, j->bias ? j->bias + a : NULL, y + a * j->OH * j->OW, rows, fp, j->OH, j->OW, j->tw, t0,
                          t1, j->act, j->alpha, j->beta);
