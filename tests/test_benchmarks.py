@@ -79,12 +79,16 @@ def test_compare_beside_a_busy_neighbour_records_it_and_stops_it(tmp_path):
 def test_compare_marks_the_rows_measured_on_far_cores():
     sys.path.insert(0, BENCH)
     try:
-        from compare import far_cores, round_trips
+        from compare import far_cores, round_trips, typical_round_trip
     finally:
         sys.path.remove(BENCH)
     near, far, lost = {"round_trip_ns": [60.0, 70.0]}, {"round_trip_ns": [60.0, 350.0]}, {"round_trip_ns": [None, 65.0]}
     results = [{"threads": {"1": {}, "2": near}}, {"threads": {"2": far}}, {"threads": {"2": lost}}, {"error": "x"}]
     assert sorted(round_trips(results)) == [60.0, 60.0, 65.0, 70.0, 350.0]
+    assert typical_round_trip(results) == 65.0 and typical_round_trip([{"threads": {"1": {}}}]) == float("inf")
+    # one quick probe does not make the usual ones far: 30 ns against 60-70, median 60
+    quick = [{"threads": {"2": {"round_trip_ns": [30.0, 60.0]}}}, {"threads": {"2": near}}]
+    assert far_cores(near, typical_round_trip(quick)) == ""
     assert far_cores(near, 60.0) == "" and far_cores(lost, 60.0) == "" and far_cores({}, 60.0) == ""
     assert far_cores(far, 60.0) == "  far cores (60 / 350 ns)"
     assert far_cores({"round_trip_ns": [None, 350.0]}, 60.0) == "  far cores (- / 350 ns)"
