@@ -76,7 +76,9 @@ static void pack_part(void *p, int64_t item, int64_t thread) {
  * strip in passes over half its lines: each item asks for a piece of the strip the thread does
  * next (see omrt_fetch), so that weights coming from memory arrive ahead of it. In a MiniLM-style
  * encoder on an Intel Xeon with AVX-512 hidden, its products took 0.92-0.98 of the time; with the
- * AVX-512 tile, which reads each strip whole, alone in a C loop asking took 1.03-1.04 of it. */
+ * AVX-512 tile, which reads each strip whole, alone in a C loop asking took 1.03-1.04 of it. The
+ * piece spread across the tiles (omrt_strip_tile) rather than asked for at once: its feed-forward
+ * products 0.92-0.95 of the time (AMD Zen 4, AVX-512 hidden). */
 static omrt_fetch strip_piece(const pmm_job *j, int64_t s, int64_t panel) {
     if (s >= (j->N + OMRT_MAX_NR - 1) / OMRT_MAX_NR || omrt_gemm_pick().nr == OMRT_MAX_NR) return omrt_no_fetch;
     return omrt_fetch_part(omrt_fetch_floats(j->strips + s * j->K * OMRT_MAX_NR, j->K * OMRT_MAX_NR), panel, j->P);
