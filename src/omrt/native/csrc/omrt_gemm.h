@@ -293,10 +293,9 @@ OMRT_AVX2 static OMRT_INLINE void omrt_sums_avx2(int64_t K, const float *a, int6
         return;
     }
     const int64_t every = K > fetch.lines ? K / fetch.lines : 1, per = (fetch.lines * every + K - 1) / K;
-    const char *line = fetch.at, *last = line + 64 * fetch.lines;
-    for (int64_t k = 0; k < K; k += every) {
-        for (const char *end = last - line > 64 * per ? line + 64 * per : last; line < end; line += 64)
-            __builtin_prefetch(line, 0, 2);
+    for (int64_t k = 0, line = 0; k < K; k += every, line += per) {
+        const int64_t lines = fetch.lines - line < per ? fetch.lines - line : per; /* <= 0 once all asked */
+        omrt_fetch_now((omrt_fetch){(const char *)fetch.at + 64 * line, lines});
         omrt_steps_avx2(a, lda, b, bks, k, K - k > every ? k + every : K, acc, prows);
     }
 }

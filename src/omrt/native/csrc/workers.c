@@ -272,8 +272,9 @@ static int await_ball(_Atomic int64_t *ball, int64_t want) {
     return 1;
 }
 
-/* Thread 0 throws and times; any other thread returns. Either part, run by a thread with no
- * partner (both items on one thread), finds the rally off and returns at once. */
+/* Thread 0 throws and times; any other thread returns. Run by one thread alone (both items on
+ * it), the throwing part waits RALLY_WAIT_NS for a partner and calls the rally off; the other
+ * part then finds it off and returns at once. */
 static void rally_part(void *p, int64_t item, int64_t thread) {
     rally_t *r = p;
     (void)item;
