@@ -282,8 +282,8 @@ OMRT_AVX2 static OMRT_INLINE void omrt_steps_avx2(const float *a, int64_t lda, c
  * (512 requests for a third of a 2048-step panel). One thread, AMD Zen 4, weights from memory:
  * 512 filters of 2048 taps over 7x7 took 1131-1136 us against 1282-1293 in a C loop, and
  * ResNet-50's 7x7 1x1 layers 0.78-0.87 of their time in the model; weights that L3 holds
- * (squeezenet's classifier) gain nothing, and took 1.03 of the time in the C loop, 0.99 in the
- * model. */
+ * (squeezenet's classifier) gain nothing: 0.97-1.03 of the time in the C loop over two sets of
+ * runs, 0.99 in the model. */
 OMRT_AVX2 static OMRT_INLINE void omrt_sums_avx2(int64_t K, const float *a, int64_t lda, const float *b, int64_t bks,
                                                  __m256 acc[6][2], int prows, omrt_fetch fetch) {
 #pragma GCC unroll 6
