@@ -118,10 +118,12 @@ static void tile_product(const float *a, int64_t lda, const float *b, int64_t bk
                          int64_t N, int64_t K) {
     const omrt_gemm_kind kind = omrt_gemm_pick();
     const omrt_epilogue plain = {NULL, NULL, OMRT_ACT_NONE, 0.0f, 0.0f, NULL};
-    for (int64_t m = 0; m < M; m += kind.rows)
+    for (int64_t m = 0, rows; m < M; m += rows) {
+        rows = omrt_step_rows(&kind, M - m);
         for (int64_t n = 0; n < N; n += kind.nr)
-            kind.tile(K, a + m, lda, b + n, bks, c + m * ldc + n, ldc, M - m < kind.rows ? M - m : kind.rows,
-                      N - n < kind.nr ? N - n : kind.nr, &plain);
+            kind.tile(K, a + m, lda, b + n, bks, c + m * ldc + n, ldc, rows, N - n < kind.nr ? N - n : kind.nr,
+                      &plain);
+    }
 }
 
 /* The softmax of each of the S columns of st (T x S, pitch SP) times `scale`, plus the mask (mask[i,

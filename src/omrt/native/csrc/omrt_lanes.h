@@ -435,11 +435,13 @@ static inline void omrt_lanes_gemm(const float *strips, int64_t K, int64_t f0, i
                 const int64_t steps = (cols + kind.rows - 1) / kind.rows;
                 const int64_t tiles = (filters + kind.nr - 1) / kind.nr * steps;
                 for (int64_t h = 0; h * kind.nr < filters; h++)
-                    for (int64_t r = 0; r < cols; r += kind.rows)
-                        omrt_tile_with(&kind, omrt_fetch_part(piece, h * steps + r / kind.rows, tiles), kk, a + r,
-                                       lda, strip + h * kind.nr, OMRT_MAX_NR, sums + r * OMRT_MAX_NR + h * kind.nr,
-                                       OMRT_MAX_NR, cols - r < kind.rows ? cols - r : kind.rows,
+                    for (int64_t r = 0, rows; r < cols; r += rows) {
+                        rows = omrt_step_rows(&kind, cols - r);
+                        omrt_tile_with(&kind, omrt_fetch_part(piece, h * steps + omrt_step_of(&kind, r), tiles), kk,
+                                       a + r, lda, strip + h * kind.nr, OMRT_MAX_NR,
+                                       sums + r * OMRT_MAX_NR + h * kind.nr, OMRT_MAX_NR, rows,
                                        filters - h * kind.nr < kind.nr ? filters - h * kind.nr : kind.nr, &plain);
+                    }
                 float *out = c + (f - f0) * ldc + p;
                 const float *before = first ? (e->residual ? e->residual + (f - f0) * ldc + p : NULL) : out;
                 const omrt_epilogue at = {first && e->bias ? e->bias + f : NULL, NULL,
