@@ -184,6 +184,41 @@ OMRT_AVX512 static OMRT_INLINE void omrt_sums_fit_avx512(int64_t K, const float 
                      : omrt_sums_avx512(K, a, lda, b, bks, acc, 2, 12);
 }
 
+/* The AVX-512 tile's epilogue: as omrt_finish_avx2, 12 rows and 32 columns at most. Plain products
+ * (Winograd's, of as few as 16 steps) store the sums as they are. */
+OMRT_AVX512 static OMRT_INLINE void omrt_finish_avx512(__m512 acc[OMRT_PANEL][2], float *c, int64_t ldc, int64_t rows,
+                                                       int64_t cols, const omrt_epilogue *e, int64_t act) {
+    const omrt_epilogue as = {e->bias, e->col_bias, act, e->alpha, e->beta, e->residual};
+    const __mmask16 m0 = cols >= 16 ? 0xFFFF : (__mmask16)((1u << cols) - 1);
+    const __mmask16 m1 = cols >= 32 ? 0xFFFF : cols <= 16 ? 0 : (__mmask16)((1u << (cols - 16)) - 1);
+    __m512 col0 = _mm512_setzero_ps(), col1 = _mm512_setzero_ps();
+    if (as.col_bias) {
+        col0 = _mm512_maskz_loadu_ps(m0, as.col_bias);
+        col1 = _mm512_maskz_loadu_ps(m1, as.col_bias + 16);
+    }
+#pragma GCC unroll 12
+    for (int r = 0; r < OMRT_PANEL; r++) {
+        if (r < rows) {
+            __m512 v0 = acc[r][0], v1 = acc[r][1];
+            if (as.bias) {
+                const __m512 add = _mm512_set1_ps(as.bias[r]);
+                v0 = _mm512_add_ps(v0, add);
+                v1 = _mm512_add_ps(v1, add);
+            }
+            if (as.col_bias) {
+                v0 = _mm512_add_ps(v0, col0);
+                v1 = _mm512_add_ps(v1, col1);
+            }
+            if (as.residual) {
+                v0 = _mm512_add_ps(v0, _mm512_maskz_loadu_ps(m0, as.residual + r * ldc));
+                v1 = _mm512_add_ps(v1, _mm512_maskz_loadu_ps(m1, as.residual + r * ldc + 16));
+            }
+            _mm512_mask_storeu_ps(c + r * ldc, m0, omrt_act16(v0, &as));
+            _mm512_mask_storeu_ps(c + r * ldc + 16, m1, omrt_act16(v1, &as));
+        }
+    }
+}
+
 /* The AVX-512 tile: 12 rows x 32 columns, accumulators in 24 registers, fewer for a partial panel
  * or strip. */
 OMRT_AVX512 static inline void omrt_tile_avx512(int64_t K, const float *a, int64_t lda, const float *b, int64_t bks,
@@ -191,37 +226,11 @@ OMRT_AVX512 static inline void omrt_tile_avx512(int64_t K, const float *a, int64
                                                 const omrt_epilogue *e) {
     __m512 acc[OMRT_PANEL][2];
     omrt_sums_fit_avx512(K, a, lda, b, bks, acc, rows, cols);
-    __mmask16 m0 = cols >= 16 ? 0xFFFF : (__mmask16)((1u << cols) - 1);
-    __mmask16 m1 = cols >= 32 ? 0xFFFF : cols <= 16 ? 0 : (__mmask16)((1u << (cols - 16)) - 1);
-    if (!e->bias && !e->col_bias && !e->residual && e->act == OMRT_ACT_NONE) {
-        /* plain products (Winograd's, of as few as 16 steps): the sums as they are */
-#pragma GCC unroll 12
-        for (int r = 0; r < OMRT_PANEL; r++) {
-            if (r < rows) {
-                _mm512_mask_storeu_ps(c + r * ldc, m0, acc[r][0]);
-                _mm512_mask_storeu_ps(c + r * ldc + 16, m1, acc[r][1]);
-            }
-        }
-        return;
-    }
-    __m512 col0 = _mm512_setzero_ps(), col1 = _mm512_setzero_ps();
-    if (e->col_bias) {
-        col0 = _mm512_maskz_loadu_ps(m0, e->col_bias);
-        col1 = _mm512_maskz_loadu_ps(m1, e->col_bias + 16);
-    }
-#pragma GCC unroll 12
-    for (int r = 0; r < OMRT_PANEL; r++) {
-        if (r < rows) {
-            __m512 add = _mm512_set1_ps(e->bias ? e->bias[r] : 0.0f);
-            __m512 v0 = _mm512_add_ps(acc[r][0], _mm512_add_ps(add, col0));
-            __m512 v1 = _mm512_add_ps(acc[r][1], _mm512_add_ps(add, col1));
-            if (e->residual) {
-                v0 = _mm512_add_ps(v0, _mm512_maskz_loadu_ps(m0, e->residual + r * ldc));
-                v1 = _mm512_add_ps(v1, _mm512_maskz_loadu_ps(m1, e->residual + r * ldc + 16));
-            }
-            _mm512_mask_storeu_ps(c + r * ldc, m0, omrt_act16(v0, e));
-            _mm512_mask_storeu_ps(c + r * ldc + 16, m1, omrt_act16(v1, e));
-        }
+    const omrt_epilogue held = *e; /* see omrt_tile_of_avx2 */
+    switch (held.act) {
+    case OMRT_ACT_NONE: omrt_finish_avx512(acc, c, ldc, rows, cols, &held, OMRT_ACT_NONE); break;
+    case OMRT_ACT_RELU: omrt_finish_avx512(acc, c, ldc, rows, cols, &held, OMRT_ACT_RELU); break;
+    default: omrt_finish_avx512(acc, c, ldc, rows, cols, &held, held.act); break;
     }
 }
 
@@ -276,6 +285,42 @@ OMRT_AVX2 static OMRT_INLINE void omrt_steps_avx2(const float *a, int64_t lda, c
     }
 }
 
+/* The AVX2 tile's epilogue: the sums in acc plus e's bias, column bias and residual, then the
+ * activation `act` (a constant where omrt_tile_of_avx2 calls it, so that no row asks which), into
+ * `rows` rows and `cols` columns of c. */
+OMRT_AVX2 static OMRT_INLINE void omrt_finish_avx2(__m256 acc[6][2], float *c, int64_t ldc, int64_t rows, int64_t cols,
+                                                   const omrt_epilogue *e, int64_t act) {
+    const omrt_epilogue as = {e->bias, e->col_bias, act, e->alpha, e->beta, e->residual};
+    const int whole = cols >= 16;
+    const __m256i m0 = omrt_lanes8(cols > 8 ? 8 : cols), m1 = omrt_lanes8(cols > 16 ? 8 : cols > 8 ? cols - 8 : 0);
+    __m256 col0 = _mm256_setzero_ps(), col1 = _mm256_setzero_ps();
+    if (as.col_bias) {
+        col0 = omrt_load8(as.col_bias, m0, whole);
+        col1 = omrt_load8(as.col_bias + 8, m1, whole);
+    }
+#pragma GCC unroll 6
+    for (int r = 0; r < 6; r++) {
+        if (r < rows) {
+            __m256 v0 = acc[r][0], v1 = acc[r][1];
+            if (as.bias) {
+                const __m256 add = _mm256_set1_ps(as.bias[r]);
+                v0 = _mm256_add_ps(v0, add);
+                v1 = _mm256_add_ps(v1, add);
+            }
+            if (as.col_bias) {
+                v0 = _mm256_add_ps(v0, col0);
+                v1 = _mm256_add_ps(v1, col1);
+            }
+            if (as.residual) {
+                v0 = _mm256_add_ps(v0, omrt_load8(as.residual + r * ldc, m0, whole));
+                v1 = _mm256_add_ps(v1, omrt_load8(as.residual + r * ldc + 8, m1, whole));
+            }
+            omrt_store8(c + r * ldc, m0, whole, omrt_act8(v0, &as));
+            omrt_store8(c + r * ldc + 8, m1, whole, omrt_act8(v1, &as));
+        }
+    }
+}
+
 /* The AVX2 tile's sums over K steps in acc: the first `prows` (2, 4 or 6) rows, rows past it zero.
  * With lines to fetch, the steps go in runs of `every`, each asking first for the next `per` of
  * them, so that they are asked for a few at a time across the tile, not all at once before it
@@ -309,36 +354,11 @@ OMRT_AVX2 static OMRT_INLINE void omrt_tile_of_avx2(int64_t K, const float *a, i
     rows <= 2 ? omrt_sums_avx2(K, a, lda, b, bks, acc, 2, fetch)
     : rows <= 4 ? omrt_sums_avx2(K, a, lda, b, bks, acc, 4, fetch)
                 : omrt_sums_avx2(K, a, lda, b, bks, acc, 6, fetch);
-    const int whole = cols >= 16;
-    const __m256i m0 = omrt_lanes8(cols > 8 ? 8 : cols), m1 = omrt_lanes8(cols > 16 ? 8 : cols > 8 ? cols - 8 : 0);
-    if (!e->bias && !e->col_bias && !e->residual && e->act == OMRT_ACT_NONE) { /* as the AVX-512 tile */
-#pragma GCC unroll 6
-        for (int r = 0; r < 6; r++) {
-            if (r < rows) {
-                omrt_store8(c + r * ldc, m0, whole, acc[r][0]);
-                omrt_store8(c + r * ldc + 8, m1, whole, acc[r][1]);
-            }
-        }
-        return;
-    }
-    __m256 col0 = _mm256_setzero_ps(), col1 = _mm256_setzero_ps();
-    if (e->col_bias) {
-        col0 = omrt_load8(e->col_bias, m0, whole);
-        col1 = omrt_load8(e->col_bias + 8, m1, whole);
-    }
-#pragma GCC unroll 6
-    for (int r = 0; r < 6; r++) {
-        if (r < rows) {
-            __m256 add = _mm256_set1_ps(e->bias ? e->bias[r] : 0.0f);
-            __m256 v0 = _mm256_add_ps(acc[r][0], _mm256_add_ps(add, col0));
-            __m256 v1 = _mm256_add_ps(acc[r][1], _mm256_add_ps(add, col1));
-            if (e->residual) {
-                v0 = _mm256_add_ps(v0, omrt_load8(e->residual + r * ldc, m0, whole));
-                v1 = _mm256_add_ps(v1, omrt_load8(e->residual + r * ldc + 8, m1, whole));
-            }
-            omrt_store8(c + r * ldc, m0, whole, omrt_act8(v0, e));
-            omrt_store8(c + r * ldc + 8, m1, whole, omrt_act8(v1, e));
-        }
+    const omrt_epilogue held = *e; /* a copy the stores to c cannot change: read once */
+    switch (held.act) {
+    case OMRT_ACT_NONE: omrt_finish_avx2(acc, c, ldc, rows, cols, &held, OMRT_ACT_NONE); break;
+    case OMRT_ACT_RELU: omrt_finish_avx2(acc, c, ldc, rows, cols, &held, OMRT_ACT_RELU); break;
+    default: omrt_finish_avx2(acc, c, ldc, rows, cols, &held, held.act); break;
     }
 }
 
