@@ -1,6 +1,7 @@
 /* The depthwise pixel loop over interleaved lanes at one vector width, included by conv.c once
  * per width: DW_VEC is the vector type (VL floats), DW_NAME(f) names this width's copy of f,
- * DW_TARGET the ISAs it is compiled for (the others would never run it). Where the CPU has
+ * DW_TARGET the ISAs it is compiled for (the others would never run it), DW_SPAN the lanes it
+ * computes (OMRT_LANES, or the first 8 for a block of at most 8 channels). Where the CPU has
  * AVX-512 it runs 16 floats at a time; elsewhere 8, since GCC moves 64-byte vectors through the
  * stack on AVX2 (the loop ran 2.5-4x slower there). A 16-lane pixel is then two vectors, one
  * after the other. */
@@ -14,7 +15,7 @@ static OMRT_INLINE void DW_NAME(dw_pixels)(const dw_job *j, const float *at, int
                                            const float *bias, float *out, const int64_t KW, const int64_t SW,
                                            const int64_t DW, const int64_t n) {
     const int64_t VL = sizeof(DW_VEC) / sizeof(float);
-    for (int64_t h = 0; h < OMRT_LANES; h += VL) {
+    for (int64_t h = 0; h < DW_SPAN; h += VL) {
         DW_VEC acc[DW_PIXELS];
         for (int64_t p = 0; p < n; p++) acc[p] = *(const DW_VEC *)(bias + h);
         for (int64_t kh = 0; kh < j->KH; kh++) {
@@ -26,6 +27,8 @@ static OMRT_INLINE void DW_NAME(dw_pixels)(const dw_job *j, const float *at, int
         }
         for (int64_t p = 0; p < n; p++) *(DW_VEC *)(out + p * OMRT_LANES + h) = acc[p];
     }
+    for (int64_t h = DW_SPAN; h < OMRT_LANES; h += VL) /* lanes past the block's channels: zeros */
+        for (int64_t p = 0; p < n; p++) *(DW_VEC *)(out + p * OMRT_LANES + h) = (DW_VEC){0};
 }
 
 /* The common windows (3, 5 or 7 taps across, stride 1 or 2, DW_PIXELS or DW_PIXELS - 1 pixels: a
@@ -75,3 +78,4 @@ static DW_TARGET void DW_NAME(dw_compute)(const dw_job *j, const float *in, int6
 #undef DW_VEC
 #undef DW_NAME
 #undef DW_TARGET
+#undef DW_SPAN
