@@ -290,6 +290,28 @@ def test_a_plane_whose_rows_straddle_cache_lines_is_copied_whole(native, monkeyp
     _matches_into_y_and_over_the_residual(native, monkeypatch, x, weight, {}, "Clip", threads, lanes=False)
 
 
+@pytest.mark.parametrize("channels, stride, size", [(30, 1, 7), (240, 1, 7), (70, 2, 14), (20, 1, 10)])
+@pytest.mark.parametrize("filters", [60, 140])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_small_plane_is_gathered_into_each_threads_own_strips(native, monkeypatch, channels, stride, size,
+                                                                filters, threads):
+    """A 3x3 layer whose output plane fits one block of the GEMM (7x7: 49 columns, 10x10: 100) has
+    its columns gathered straight into the thread's strips, zero past the last column, and
+    multiplied there in place. On two threads, with more filters than positions, each thread
+    gathers the whole plane into its own strips and takes half the filters (no shared column
+    buffer); on one, its chunk is the whole plane. Depths of 270 and 630 taps, and 2160 (past
+    OMRT_SPLIT_FROM: with AVX2, passes of the strips in place); stride 2 from 14x14; two images,
+    so that each gathers again; with bias, residual and activation, into y and over the residual."""
+    x = randn(2, channels, size, size)
+    weight = randn(filters, channels, 3, 3) / np.float32(np.sqrt(channels * 9))
+    out = (size + 2 - 3) // stride + 1
+    kernel = _kernel(x, weight, None, {"pads": [1, 1, 1, 1], "strides": [stride, stride]}, native)
+    assert kernel.block >= out * out
+    _matches_into_y_and_over_the_residual(native, monkeypatch, x, weight,
+                                          {"pads": [1, 1, 1, 1], "strides": [stride, stride]}, "Clip", threads,
+                                          lanes=False)
+
+
 @pytest.mark.parametrize("filters", [20, 140])
 @pytest.mark.parametrize("threads", [1, 2])
 def test_a_deep_product_goes_in_passes_whose_sums_the_output_carries(native, monkeypatch, filters, threads):

@@ -218,37 +218,57 @@ OMRT_EXPORT void omrt_dwconv2d_f32(const float *x, const float *w, const float *
     }
 }
 
-/* The im2col columns of output rows [r0, r1) of one image x (C x H x W): row (c, kh, kw) of
- * `cols` (C*KH*KW rows, `pitch` floats apart) holds, for each output position (oh, ow) of those
- * rows, the input element its window reads at tap (kh, kw), or 0 where that is padding. */
-OMRT_EXPORT OMRT_HOT void omrt_im2col_f32(const float *x, float *cols, int64_t pitch, int64_t r0, int64_t r1,
-                                          int64_t C, int64_t H, int64_t W, int64_t OW, int64_t KH,
-                                          int64_t KW, int64_t SH, int64_t SW, int64_t DH, int64_t DW,
-                                          int64_t PT, int64_t PL) {
+/* An output row's im2col run into dst[0, OW): the input row src (NULL: a row of padding) at
+ * ow * SW + shift for the positions ow in [lo, hi), 0 elsewhere. */
+static OMRT_INLINE void im2col_run(float *dst, const float *src, int64_t OW, int64_t lo, int64_t hi, int64_t SW,
+                                   int64_t shift) {
+    if (src == NULL) {
+        memset(dst, 0, (size_t)OW * sizeof(float));
+        return;
+    }
+    for (int64_t ow = 0; ow < lo; ow++) dst[ow] = 0.0f;
+    if (SW == 1)
+        memcpy(dst + lo, src + lo + shift, (size_t)(hi - lo) * sizeof(float));
+    else if (SW == 2)
+        for (int64_t ow = lo; ow < hi; ow++) dst[ow] = src[2 * ow + shift];
+    else
+        for (int64_t ow = lo; ow < hi; ow++) dst[ow] = src[ow * SW + shift];
+    for (int64_t ow = hi; ow < OW; ow++) dst[ow] = 0.0f;
+}
+
+/* The most columns gathered straight into a packed product's strips (gathers_into_strips): each
+ * row of them is gathered on the stack, then copied into the strips a strip at a time. */
+#define IM2COL_ROW 256
+
+/* The im2col columns of output rows [r0, r1) of one image x (C x H x W): row (c, kh, kw) of the
+ * columns (C*KH*KW rows) holds, for each output position (oh, ow) of those rows, the input element
+ * its window reads at tap (kh, kw), or 0 where that is padding. Row k lies at cols + k * pitch, or
+ * with `laid` (at most IM2COL_ROW columns), as omrt_panel_gemm reads a b in its scratch. */
+static OMRT_HOT void im2col(const float *x, float *cols, int64_t pitch, const omrt_scratch_b *laid, int64_t r0,
+                            int64_t r1, int64_t C, int64_t H, int64_t W, int64_t OW, int64_t KH, int64_t KW,
+                            int64_t SH, int64_t SW, int64_t DH, int64_t DW, int64_t PT, int64_t PL) {
     int64_t lo[KW], hi[KW];
+    float row[IM2COL_ROW];
     for (int64_t kw = 0; kw < KW; kw++) omrt_span(kw * DW - PL, W, SW, OW, &lo[kw], &hi[kw]);
     for (int64_t c = 0; c < C; c++)
         for (int64_t kh = 0; kh < KH; kh++)
             for (int64_t kw = 0; kw < KW; kw++) {
-                float *dst = cols + ((c * KH + kh) * KW + kw) * pitch;
-                const int64_t shift = kw * DW - PL;
-                for (int64_t oh = r0; oh < r1; oh++, dst += OW) {
+                const int64_t k = (c * KH + kh) * KW + kw, shift = kw * DW - PL;
+                float *dst = laid ? row : cols + k * pitch;
+                for (int64_t oh = r0; oh < r1; oh++) {
                     const int64_t ih = oh * SH + kh * DH - PT;
-                    if (ih < 0 || ih >= H) {
-                        memset(dst, 0, (size_t)OW * sizeof(float));
-                        continue;
-                    }
-                    const float *src = x + (c * H + ih) * W;
-                    for (int64_t ow = 0; ow < lo[kw]; ow++) dst[ow] = 0.0f;
-                    if (SW == 1)
-                        memcpy(dst + lo[kw], src + lo[kw] + shift, (size_t)(hi[kw] - lo[kw]) * sizeof(float));
-                    else if (SW == 2)
-                        for (int64_t ow = lo[kw]; ow < hi[kw]; ow++) dst[ow] = src[2 * ow + shift];
-                    else
-                        for (int64_t ow = lo[kw]; ow < hi[kw]; ow++) dst[ow] = src[ow * SW + shift];
-                    for (int64_t ow = hi[kw]; ow < OW; ow++) dst[ow] = 0.0f;
+                    const float *src = ih < 0 || ih >= H ? NULL : x + (c * H + ih) * W;
+                    im2col_run(dst + (oh - r0) * OW, src, OW, lo[kw], hi[kw], SW, shift);
                 }
+                if (laid) omrt_scratch_row(laid, cols, k, row);
             }
+}
+
+/* im2col of rows [r0, r1) of one image x into cols, row k at cols + k * pitch. */
+OMRT_EXPORT void omrt_im2col_f32(const float *x, float *cols, int64_t pitch, int64_t r0, int64_t r1, int64_t C,
+                                 int64_t H, int64_t W, int64_t OW, int64_t KH, int64_t KW, int64_t SH, int64_t SW,
+                                 int64_t DH, int64_t DW, int64_t PT, int64_t PL) {
+    im2col(x, cols, pitch, NULL, r0, r1, C, H, W, OW, KH, KW, SH, SW, DH, DW, PT, PL);
 }
 
 /* A dense or grouped 2-d convolution: im2col (none for 1x1 stride-1 unpadded layers) and one
@@ -265,14 +285,40 @@ typedef struct {
     /* what the shared phases work on: output rows [r0, r1) of `image`, their columns b (pitch ldb) */
     int64_t image, r0, r1, ldb;
     const float *b;
+    /* per pool thread: whether its strips hold `image`'s columns yet (own_part) */
+    unsigned char gathered[OMRT_MAX_THREADS];
 } conv_job;
 
 /* Filters per unit of the packing: a panel, or with `lanes` a strip. */
 static inline int64_t filter_unit(const conv_job *j) { return j->lanes ? OMRT_MAX_NR : OMRT_PANEL; }
 
-static void gather(const conv_job *j, int64_t image, float *cols, int64_t r0, int64_t r1) {
-    omrt_im2col_f32(j->x + image * j->C * j->H * j->W, cols, j->pitch, r0, r1, j->C, j->H, j->W, j->OW, j->KH,
-                    j->KW, j->SH, j->SW, j->DH, j->DW, j->PT, j->PL);
+/* Rows [r0, r1) of `image`'s columns into cols, as im2col lays them (pitch, laid). */
+static void gather(const conv_job *j, int64_t image, float *cols, int64_t pitch, const omrt_scratch_b *laid,
+                   int64_t r0, int64_t r1) {
+    im2col(j->x + image * j->C * j->H * j->W, cols, pitch, laid, r0, r1, j->C, j->H, j->W, j->OW, j->KH, j->KW,
+           j->SH, j->SW, j->DH, j->DW, j->PT, j->PL);
+}
+
+/* The thread's strips: K * block floats of scratch for the packed product. */
+static float *strips_of(const conv_job *j, int64_t thread) { return j->strips + thread * j->K * j->block; }
+
+/* Whether the columns of `rows` output rows are gathered straight into a thread's strips, laid out
+ * as the packed product reads them there (OMRT_B_IN_SCRATCH): panels of one group, and the columns
+ * fit one block. Gathered into a column buffer, the GEMM copied them into the strips again (with
+ * AVX2, every column of a 7x7 plane, whose rows, 49 floats, do not start on cache lines:
+ * omrt_copies_whole_b); and a buffer that two threads gather half each and both read sends half
+ * of it between their cores, across dies where those are far apart. */
+static int gathers_into_strips(const conv_job *j, int64_t rows) {
+    return j->panels && !j->lanes && j->G == 1 && rows * j->OW <= j->block && rows * j->OW <= IM2COL_ROW;
+}
+
+/* Rows [r0, r1) of `image`'s columns into the thread's strips, laid out for OMRT_B_IN_SCRATCH;
+ * the strips. */
+static float *gather_strips(const conv_job *j, int64_t image, int64_t r0, int64_t r1, int64_t thread) {
+    float *strips = strips_of(j, thread);
+    const omrt_scratch_b laid = omrt_scratch_b_of(j->K, (r1 - r0) * j->OW, j->block);
+    gather(j, image, strips, 0, &laid, r0, r1);
+    return strips;
 }
 
 /* Filters [f0, f1) of group g times columns [p0, p1) of b (pitch ldb; K rows per group), into the
@@ -288,13 +334,16 @@ static void multiply(const conv_job *j, int64_t image, int64_t g, int64_t f0, in
         const int64_t unit = filter_unit(j), group_panels = (j->Fg + unit - 1) / unit * unit * j->K;
         omrt_epilogue e = {j->bias ? j->bias + g * j->Fg : NULL, NULL, j->act, j->alpha, j->beta,
                            j->residual ? j->residual + (c - j->y) : NULL};
+        float *strips = strips_of(j, thread);
         if (j->lanes) {
-            omrt_lanes_gemm(j->panels + g * group_panels, j->K, f0, f1, bg, ldb, p1 - p0, c, ldc, &e,
-                            j->strips + thread * j->K * j->block);
+            omrt_lanes_gemm(j->panels + g * group_panels, j->K, f0, f1, bg, ldb, p1 - p0, c, ldc, &e, strips);
             return;
         }
-        omrt_panel_gemm(j->panels + g * group_panels, j->K, f0, f1, bg, ldb, p1 - p0, c, ldc, &e,
-                        j->strips + thread * j->K * j->block, j->block, b == j->x + image * j->C * j->H * j->W);
+        const omrt_b_at where = b == strips                                  ? OMRT_B_IN_SCRATCH
+                                : b == j->x + image * j->C * j->H * j->W ? OMRT_B_INPUT
+                                                                         : OMRT_B_GATHERED;
+        omrt_panel_gemm(j->panels + g * group_panels, j->K, f0, f1, bg, ldb, p1 - p0, c, ldc, &e, strips, j->block,
+                        where);
         return;
     }
     omrt_sgemm(f1 - f0, p1 - p0, j->K, j->w + m * j->K, j->K, bg, ldb, c, ldc);
@@ -325,18 +374,39 @@ static void gather_part(void *p, int64_t item, int64_t thread) {
     (void)thread;
     int64_t rows = j->r1 - j->r0;
     int64_t a = j->r0 + omrt_part(rows, j->gparts, item), b = j->r0 + omrt_part(rows, j->gparts, item + 1);
-    gather(j, j->image, j->work + (a - j->r0) * j->OW, a, b);
+    gather(j, j->image, j->work + (a - j->r0) * j->OW, j->pitch, NULL, a, b);
 }
 
-/* Chunk `item` (image, rows) gathered into the thread's own buffer and multiplied whole. */
+/* Filter part `item` of the whole plane of `image` (see gathers_into_strips), which each thread
+ * gathers into its own strips once per call. */
+static void own_part(void *p, int64_t item, int64_t thread) {
+    conv_job *j = p;
+    const float *strips = strips_of(j, thread);
+    if (!j->gathered[thread]) {
+        gather_strips(j, j->image, 0, j->OH, thread);
+        j->gathered[thread] = 1;
+    }
+    multiply(j, j->image, 0, filter_cut(j, item), filter_cut(j, item + 1), strips, j->block, 0, j->OH * j->OW, 0,
+             thread);
+}
+
+/* Chunk `item` (image, rows) gathered into the thread's own buffer (or strips) and multiplied whole. */
 static void chunk_part(void *p, int64_t item, int64_t thread) {
     const conv_job *j = p;
     int64_t chunks = (j->OH + j->step - 1) / j->step, image = item / chunks, r0 = item % chunks * j->step;
     int64_t r1 = r0 + j->step < j->OH ? r0 + j->step : j->OH;
-    float *cols = j->work + thread * j->buffer;
-    gather(j, image, cols, r0, r1);
+    const float *cols;
+    int64_t ldb = j->pitch;
+    if (gathers_into_strips(j, r1 - r0)) {
+        cols = gather_strips(j, image, r0, r1, thread);
+        ldb = j->block;
+    } else {
+        float *buffer = j->work + thread * j->buffer;
+        gather(j, image, buffer, ldb, NULL, r0, r1);
+        cols = buffer;
+    }
     for (int64_t g = 0; g < j->G; g++)
-        multiply(j, image, g, 0, j->Fg, cols, j->pitch, 0, (r1 - r0) * j->OW, r0 * j->OW, thread);
+        multiply(j, image, g, 0, j->Fg, cols, ldb, 0, (r1 - r0) * j->OW, r0 * j->OW, thread);
 }
 
 /* How the shared product of `width` positions is cut (see omrt_parts_per), along filters when
@@ -346,6 +416,16 @@ static void cut_product(conv_job *j, int64_t width, int64_t threads) {
     int64_t blocks = width / 16 > 1 ? width / 16 : 1;
     j->fparts = j->Fg >= width ? (per_group < j->Fg ? per_group : j->Fg) : 1;
     j->pparts = j->Fg >= width ? 1 : (per_group < blocks ? per_group : blocks);
+}
+
+/* The whole plane of j->image with each thread gathering it into its own strips (own_part), when
+ * its product splits by filters alone; whether it ran so. */
+static int run_own_plane(conv_job *j, int64_t threads) {
+    cut_product(j, j->OH * j->OW, threads);
+    if (j->pparts != 1) return 0;
+    memset(j->gathered, 0, sizeof j->gathered);
+    omrt_parallel(own_part, j, j->fparts, threads);
+    return 1;
 }
 
 /* The layer of job j (its pointers, geometry, step and buffer set) on `threads` threads. */
@@ -361,6 +441,8 @@ static void run_conv(conv_job *j, int64_t threads) {
     for (j->image = 0; j->image < j->N; j->image++)
         for (j->r0 = 0; j->r0 < OH; j->r0 += rows) {
             j->r1 = j->r0 + rows < OH ? j->r0 + rows : OH;
+            const int whole_plane = j->r1 - j->r0 == OH && gathers_into_strips(j, OH);
+            if (!pointwise && whole_plane && run_own_plane(j, threads)) continue;
             if (pointwise) {
                 j->b = j->x + j->image * j->C * j->H * j->W;
                 j->ldb = j->P;
@@ -385,7 +467,8 @@ static void run_conv(conv_job *j, int64_t threads) {
  * (filter f of group g into channel f * G + g). Columns are gathered `step` output rows at a time
  * into `work`: with buffer > 0 every thread has a buffer of its own (`buffer` floats apart) and
  * takes whole chunks; with buffer == 0 the threads gather one shared buffer, then split its
- * product. */
+ * product. A packed layer (omrt_pconv2d_f32) gathers a chunk or plane that fits one block of its
+ * GEMM into the thread's strips instead (gathers_into_strips). */
 OMRT_EXPORT void omrt_conv2d_f32(const float *x, const float *w, const float *bias, float *y, float *work,
                                  int64_t step, int64_t buffer, int64_t threads, int64_t N, int64_t C, int64_t H,
                                  int64_t W, int64_t M, int64_t G, int64_t shuffle, int64_t OH, int64_t OW, int64_t KH,

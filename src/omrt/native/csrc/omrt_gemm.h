@@ -657,6 +657,56 @@ static inline const float *omrt_tail_columns(const float *b, int64_t ldb, int64_
     return scratch + used * K;
 }
 
+/* A b that omrt_panel_gemm's caller lays out in the scratch (OMRT_B_IN_SCRATCH) as the tiles and
+ * the tail read it: columns [0, tiled) as strips of the tile's nr columns, K rows each, one after
+ * another, the last only as wide as its columns rounded up to 16 (`last`: the AVX-512 tile reads
+ * half a strip for 16 columns or fewer) and zero past them; then the `tail` last columns
+ * (omrt_tail_cols) side by side, K x tail, for omrt_panel_tail_avx2, or none where they would
+ * not fit the scratch's `block` columns (the last strip then takes them). */
+typedef struct {
+    int64_t K, nr, tiled, tail, strips, last;
+} omrt_scratch_b;
+
+static inline omrt_scratch_b omrt_scratch_b_of(int64_t K, int64_t n, int64_t block) {
+    const int64_t nr = omrt_gemm_pick().nr;
+    for (int64_t tail = omrt_tail_cols(n);; tail = 0) {
+        const int64_t tiled = n - tail, strips = (tiled + nr - 1) / nr;
+        const int64_t last = strips > 0 ? (tiled - (strips - 1) * nr + 15) / 16 * 16 : 0;
+        if (tail == 0 || (strips - 1) * nr + last + tail <= block)
+            return (omrt_scratch_b){K, nr, tiled, tail, strips, last};
+    }
+}
+
+/* Strip s of the b laid out as l in `scratch`, from step k; its pitch in *bks. */
+static inline const float *omrt_scratch_strip(const omrt_scratch_b *l, const float *scratch, int64_t s, int64_t k,
+                                              int64_t *bks) {
+    *bks = s + 1 == l->strips ? l->last : l->nr;
+    return scratch + s * l->K * l->nr + k * *bks;
+}
+
+/* The tail's columns of the b laid out as l in `scratch`, from step k (pitch l->tail). */
+static inline float *omrt_scratch_tail(const omrt_scratch_b *l, float *scratch, int64_t k) {
+    return scratch + (l->strips > 0 ? (l->strips - 1) * l->nr + l->last : 0) * l->K + k * l->tail;
+}
+
+/* Row k of the b laid out as l in `scratch` from its columns in `row`, zero past column `tiled`
+ * in the last strip. */
+static inline void omrt_scratch_row(const omrt_scratch_b *l, float *scratch, int64_t k, const float *row) {
+    for (int64_t s = 0; s < l->strips; s++) {
+        int64_t pitch;
+        float *at = (float *)omrt_scratch_strip(l, scratch, s, k, &pitch);
+        const int64_t col = s * l->nr, cols = l->tiled - col;
+        if (cols >= pitch && pitch == 32)
+            memcpy(at, row + col, 32 * sizeof(float));
+        else if (cols >= pitch && pitch == 16)
+            memcpy(at, row + col, 16 * sizeof(float));
+        else
+            for (int64_t j = 0; j < pitch; j++) at[j] = j < cols ? row[col + j] : 0.0f;
+    }
+    float *tail = omrt_scratch_tail(l, scratch, k);
+    for (int64_t j = 0; j < l->tail; j++) tail[j] = row[l->tiled + j];
+}
+
 /* Products deeper than OMRT_SPLIT_FROM steps, when b is taken a block at a time by a tile 16
  * columns wide (AVX2, plain C), go in passes of about OMRT_DEPTH steps, each adding its sums to c:
  * a pass's strips (OMRT_DEPTH x 16 floats, 16 KiB) stay in L1 while the panels' steps of the pass
@@ -681,6 +731,17 @@ static inline void omrt_passes(int64_t K, int64_t block, int64_t nr, int64_t *de
     *span = parts == 1 ? block : K * block / *depth / OMRT_MAX_NR * OMRT_MAX_NR;
 }
 
+/* Where omrt_panel_gemm's b lies. */
+typedef enum {
+    /* just gathered into a buffer: near already (asking for it again took 6-8% of a 7x7 stem's time) */
+    OMRT_B_GATHERED,
+    /* a layer's input, where no cache holds it: each block asks for the next block's columns */
+    OMRT_B_INPUT,
+    /* in the scratch itself, laid out there by the caller as omrt_scratch_b_of(K, n, block) says (b
+     * and ldb unused): read where it lies, nothing copied (see gathers_into_strips in conv.c) */
+    OMRT_B_IN_SCRATCH,
+} omrt_b_at;
+
 /* What every pass of one omrt_panel_gemm call shares: its operands (see there) and tile. */
 typedef struct {
     omrt_gemm_kind kind;
@@ -688,7 +749,8 @@ typedef struct {
     float *c, *scratch;
     const omrt_epilogue *e;
     int64_t K, m0, m1, ldb, ldc, block;
-    int whole, fetch_b, fetch_panels;
+    int whole, fetch_b, fetch_panels, in_scratch;
+    omrt_scratch_b laid; /* with in_scratch: how b lies in the scratch */
 } omrt_gemm_call;
 
 /* The epilogue of a pass (see omrt_gemm_pass) over steps [k0, k0 + kk) for rows from m and
@@ -713,15 +775,18 @@ static inline void omrt_gemm_pass(const omrt_gemm_call *g, int64_t k0, int64_t k
                                   int64_t next) {
     const omrt_gemm_kind *kind = &g->kind;
     const omrt_epilogue *e = g->e;
-    const int64_t tail = omrt_tail_cols(w), tiled = w - tail, nr = kind->nr, ldb = g->ldb, ldc = g->ldc;
-    const int64_t m0 = g->m0, m1 = g->m1;
-    const int64_t in_place = g->whole || m1 - m0 <= OMRT_IN_PLACE_ROWS ? tiled / nr * nr : 0; /* columns */
+    const int64_t tail = g->in_scratch ? g->laid.tail : omrt_tail_cols(w), tiled = w - tail, nr = kind->nr;
+    const int64_t m0 = g->m0, m1 = g->m1, ldb = g->ldb, ldc = g->ldc;
+    const int64_t in_place = !g->in_scratch && (g->whole || m1 - m0 <= OMRT_IN_PLACE_ROWS) ? tiled / nr * nr
+                                                                                          : 0; /* columns */
     const int last = k0 + kk == g->K;
     const float *bk = g->b + k0 * ldb;
-    if (tiled > in_place) omrt_pack_strips(bk + p + in_place, ldb, kk, tiled - in_place, nr, g->scratch);
-    int64_t tail_ld;
-    const float *tail_b = omrt_tail_columns(bk + p + tiled, ldb, kk, tail, tiled - in_place, nr,
-                                            g->K * g->block / kk, g->scratch, &tail_ld);
+    if (tiled > in_place && !g->in_scratch)
+        omrt_pack_strips(bk + p + in_place, ldb, kk, tiled - in_place, nr, g->scratch);
+    int64_t tail_ld = tail;
+    const float *tail_b = g->in_scratch ? omrt_scratch_tail(&g->laid, g->scratch, k0)
+                                        : omrt_tail_columns(bk + p + tiled, ldb, kk, tail, tiled - in_place, nr,
+                                                            g->K * g->block / kk, g->scratch, &tail_ld);
     const int64_t strips = (tiled + nr - 1) / nr;
     const int64_t tail_rows = tail > 1 ? 2 * OMRT_PANEL : OMRT_PANEL; /* see omrt_panel_tail_avx2 */
     for (int64_t m = m0, rows; m < m1; m += rows) {
@@ -744,10 +809,13 @@ static inline void omrt_gemm_pass(const omrt_gemm_call *g, int64_t k0, int64_t k
         for (int64_t s = 0; s < strips; s++) {
             const int64_t cols = tiled - s * nr < nr ? tiled - s * nr : nr, at_c = p + s * nr;
             const int placed = s * nr < in_place;
-            const float *strip = placed ? bk + at_c : g->scratch + (s - in_place / nr) * kk * nr;
+            int64_t bks = placed ? ldb : nr;
+            const float *strip = placed        ? bk + at_c
+                                 : g->in_scratch ? omrt_scratch_strip(&g->laid, g->scratch, s, k0, &bks)
+                                                 : g->scratch + (s - in_place / nr) * kk * nr;
             const omrt_epilogue at = omrt_pass_epilogue(g, k0, kk, m, at_c);
-            omrt_tile_with(kind, omrt_fetch_part(ahead, first + s, tiles), kk, a, OMRT_PANEL, strip,
-                           placed ? ldb : nr, c + at_c, ldc, rows, cols, &at);
+            omrt_tile_with(kind, omrt_fetch_part(ahead, first + s, tiles), kk, a, OMRT_PANEL, strip, bks, c + at_c,
+                           ldc, rows, cols, &at);
         }
 #ifdef OMRT_X86
         const int64_t done = m + rows, from = m0 + (m - m0) / tail_rows * tail_rows;
@@ -771,18 +839,19 @@ static inline void omrt_gemm_pass(const omrt_gemm_call *g, int64_t k0, int64_t k
  * whole strips of a product of at most OMRT_IN_PLACE_ROWS rows, which the tile reads in place.
  * A product deeper than OMRT_SPLIT_FROM may take its K steps in passes (see OMRT_DEPTH). A b
  * of at most omrt_b_in_l2() floats is taken whole, its whole strips read in place (only its
- * last, partial strip copied), unless omrt_copies_whole_b. With `fetch_b`, each block also asks
- * for the next block's columns of b: for a b that lies where no cache holds it (a layer's input);
- * columns just gathered into a buffer are near already, and asking again for them took 6-8% of a
- * 7x7 stem's time. The last few columns past the whole strips go through omrt_panel_tail_avx2
- * (see OMRT_TAIL_COLS), copied side by side first where the scratch has room. */
+ * last, partial strip copied), unless omrt_copies_whole_b. `where` says where b lies (see
+ * omrt_b_at). The last few columns past the whole strips go through omrt_panel_tail_avx2 (see
+ * OMRT_TAIL_COLS), copied side by side first where the scratch has room. */
 static inline void omrt_panel_gemm(const float *panels, int64_t K, int64_t m0, int64_t m1, const float *b,
                                    int64_t ldb, int64_t n, float *c, int64_t ldc, const omrt_epilogue *e,
-                                   float *scratch, int64_t block, int fetch_b) {
-    omrt_gemm_call g = {omrt_gemm_pick(), panels, b, c, scratch, e, K, m0, m1, ldb, ldc, block, 0, fetch_b, 0};
-    g.whole = K * ldb <= omrt_b_in_l2() && !omrt_copies_whole_b(ldb, n, block, g.kind.nr);
+                                   float *scratch, int64_t block, omrt_b_at where) {
+    omrt_gemm_call g = {omrt_gemm_pick(), panels, b, c, scratch, e, K, m0, m1, ldb, ldc, block,
+                        0, where == OMRT_B_INPUT, 0, where == OMRT_B_IN_SCRATCH, {0}};
+    if (g.in_scratch) g.laid = omrt_scratch_b_of(K, n, block);
+    g.whole = !g.in_scratch && K * ldb <= omrt_b_in_l2() && !omrt_copies_whole_b(ldb, n, block, g.kind.nr);
     int64_t depth = K, span = n; /* steps and columns per pass */
     if (!g.whole) omrt_passes(K, block, g.kind.nr, &depth, &span);
+    if (g.in_scratch) span = n;
     /* In one pass each panel is read once, from memory when the layer's weights are not in cache,
      * and a tile 16 columns wide asks for nothing ahead: the tiles of the panel before it each
      * ask for a share of it (omrt_gemm_pass). AVX2 tile, one thread, 64 layers cycled, AMD Zen 4:

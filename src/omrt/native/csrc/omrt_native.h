@@ -78,8 +78,9 @@ static inline void omrt_activate(float *y, int64_t n, int64_t act, float alpha, 
 }
 
 /* The worker pool (workers.c): fn(ctx, item, thread) for every item in [0, count), on up to
- * `threads` threads (thread 0 is the caller), returning when all are done. Items must write
- * disjoint memory; `thread` lets each use scratch of its own. */
+ * `threads` threads (thread 0 is the caller; at most OMRT_MAX_THREADS), returning when all are
+ * done. Items must write disjoint memory; `thread` lets each use scratch of its own. */
+#define OMRT_MAX_THREADS 64
 typedef void (*omrt_item_fn)(void *ctx, int64_t item, int64_t thread);
 void omrt_parallel(omrt_item_fn fn, void *ctx, int64_t count, int64_t threads);
 

@@ -39,8 +39,8 @@
 #define CPU_RELAX() ((void)0)
 #endif
 
-#define MAX_WORKERS 63
-#define POOL_THREADS (MAX_WORKERS + 1)
+#define POOL_THREADS OMRT_MAX_THREADS
+#define MAX_WORKERS (POOL_THREADS - 1)
 #define SPIN_NS 300000
 /* Spinning threads yield their core every YIELD_EVERY pauses (tens of microseconds): when more
  * threads are runnable than there are cores (another process's, or a worker that was preempted
