@@ -43,7 +43,7 @@ def _c_constant(source: str, pattern: str) -> int:
 
 
 def test_the_constants_contracts_use_are_the_c_codes():
-    assert CONSTANTS["POOL_THREADS"] == _c_constant("workers.c", r"#define MAX_WORKERS (\d+)") + 1
+    assert CONSTANTS["POOL_THREADS"] == _c_constant("omrt_native.h", r"#define OMRT_MAX_THREADS (\d+)")
     assert CONSTANTS["LSTM_PANEL"] == _c_constant("recurrent.c", r"PANEL = (\d+)")
     assert CONSTANTS["GEMM_PANEL"] == _c_constant("omrt_gemm.h", r"#define OMRT_PANEL (\d+)")
     assert CONSTANTS["GEMM_MAX_NR"] == _c_constant("omrt_gemm.h", r"#define OMRT_MAX_NR (\d+)")
