@@ -290,7 +290,9 @@ class Conv(Kernel):
         region after the gather); the others give each thread (up to parallel.MAX_SLOTS of them)
         a buffer of its own and as many chunks each, all in one region. A layer that needs many
         capped chunks anyway splits the cap between its threads, so that its workspace does not
-        grow and the planner keeps the arena at its lower bound.
+        grow and the planner keeps the arena at its lower bound. (The packed Conv runs a shared
+        layer whose plane fits one block of its GEMM as one region instead, each thread gathering
+        the plane into its own strips: gathers_into_strips in csrc/conv.c.)
         """
         rows = self.win.out[0]
         count = -(-rows // self.step)

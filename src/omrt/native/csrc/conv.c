@@ -322,7 +322,8 @@ static float *gather_strips(const conv_job *j, int64_t image, int64_t r0, int64_
 }
 
 /* Filters [f0, f1) of group g times columns [p0, p1) of b (pitch ldb; K rows per group), into the
- * image's output from position `at` on; `thread` picks the packed product's strip. */
+ * image's output from position `at` on; `thread` picks the packed product's strip. A b that is the
+ * thread's strips was laid out there by gather_strips (one group, all its columns, no pitch). */
 static void multiply(const conv_job *j, int64_t image, int64_t g, int64_t f0, int64_t f1, const float *b,
                      int64_t ldb, int64_t p0, int64_t p1, int64_t at, int64_t thread) {
     int64_t m = g * j->Fg + f0;
@@ -386,8 +387,7 @@ static void own_part(void *p, int64_t item, int64_t thread) {
         gather_strips(j, j->image, 0, j->OH, thread);
         j->gathered[thread] = 1;
     }
-    multiply(j, j->image, 0, filter_cut(j, item), filter_cut(j, item + 1), strips, j->block, 0, j->OH * j->OW, 0,
-             thread);
+    multiply(j, j->image, 0, filter_cut(j, item), filter_cut(j, item + 1), strips, 0, 0, j->OH * j->OW, 0, thread);
 }
 
 /* Chunk `item` (image, rows) gathered into the thread's own buffer (or strips) and multiplied whole. */
@@ -399,7 +399,7 @@ static void chunk_part(void *p, int64_t item, int64_t thread) {
     int64_t ldb = j->pitch;
     if (gathers_into_strips(j, r1 - r0)) {
         cols = gather_strips(j, image, r0, r1, thread);
-        ldb = j->block;
+        ldb = 0; /* laid out in the strips: no pitch */
     } else {
         float *buffer = j->work + thread * j->buffer;
         gather(j, image, buffer, ldb, NULL, r0, r1);
