@@ -667,26 +667,33 @@ typedef struct {
     int64_t K, nr, tiled, tail, strips, last;
 } omrt_scratch_b;
 
+static inline omrt_scratch_b omrt_scratch_b_with(int64_t K, int64_t n, int64_t nr, int64_t tail) {
+    const int64_t tiled = n - tail, strips = (tiled + nr - 1) / nr;
+    const int64_t last = strips > 0 ? (tiled - (strips - 1) * nr + 15) / 16 * 16 : 0;
+    return (omrt_scratch_b){K, nr, tiled, tail, strips, last};
+}
+
+/* The columns of room (K rows each) that the strips of l take. */
+static inline int64_t omrt_scratch_strips_width(const omrt_scratch_b *l) {
+    return l->strips > 0 ? (l->strips - 1) * l->nr + l->last : 0;
+}
+
 static inline omrt_scratch_b omrt_scratch_b_of(int64_t K, int64_t n, int64_t block) {
     const int64_t nr = omrt_gemm_pick().nr;
-    for (int64_t tail = omrt_tail_cols(n);; tail = 0) {
-        const int64_t tiled = n - tail, strips = (tiled + nr - 1) / nr;
-        const int64_t last = strips > 0 ? (tiled - (strips - 1) * nr + 15) / 16 * 16 : 0;
-        if (tail == 0 || (strips - 1) * nr + last + tail <= block)
-            return (omrt_scratch_b){K, nr, tiled, tail, strips, last};
-    }
+    const omrt_scratch_b l = omrt_scratch_b_with(K, n, nr, omrt_tail_cols(n));
+    return omrt_scratch_strips_width(&l) + l.tail <= block ? l : omrt_scratch_b_with(K, n, nr, 0);
 }
 
 /* Strip s of the b laid out as l in `scratch`, from step k; its pitch in *bks. */
-static inline const float *omrt_scratch_strip(const omrt_scratch_b *l, const float *scratch, int64_t s, int64_t k,
-                                              int64_t *bks) {
+static inline float *omrt_scratch_strip(const omrt_scratch_b *l, float *scratch, int64_t s, int64_t k,
+                                        int64_t *bks) {
     *bks = s + 1 == l->strips ? l->last : l->nr;
     return scratch + s * l->K * l->nr + k * *bks;
 }
 
 /* The tail's columns of the b laid out as l in `scratch`, from step k (pitch l->tail). */
 static inline float *omrt_scratch_tail(const omrt_scratch_b *l, float *scratch, int64_t k) {
-    return scratch + (l->strips > 0 ? (l->strips - 1) * l->nr + l->last : 0) * l->K + k * l->tail;
+    return scratch + omrt_scratch_strips_width(l) * l->K + k * l->tail;
 }
 
 /* Row k of the b laid out as l in `scratch` from its columns in `row`, zero past column `tiled`
@@ -694,7 +701,7 @@ static inline float *omrt_scratch_tail(const omrt_scratch_b *l, float *scratch, 
 static inline void omrt_scratch_row(const omrt_scratch_b *l, float *scratch, int64_t k, const float *row) {
     for (int64_t s = 0; s < l->strips; s++) {
         int64_t pitch;
-        float *at = (float *)omrt_scratch_strip(l, scratch, s, k, &pitch);
+        float *at = omrt_scratch_strip(l, scratch, s, k, &pitch);
         const int64_t col = s * l->nr, cols = l->tiled - col;
         if (cols >= pitch && pitch == 32)
             memcpy(at, row + col, 32 * sizeof(float));
