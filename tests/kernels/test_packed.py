@@ -298,15 +298,21 @@ def test_a_small_plane_is_gathered_into_each_threads_own_strips(native, monkeypa
     """A 3x3 layer whose output plane fits one block of the GEMM (7x7: 49 columns, 10x10: 100) has
     its columns gathered straight into the thread's strips, zero past the last column, and
     multiplied there in place. On two threads, with more filters than positions, each thread
-    gathers the whole plane into its own strips and takes half the filters (no shared column
-    buffer); on one, its chunk is the whole plane. Depths of 270 and 630 taps, and 2160 (past
+    gathers the whole plane into its own strips and takes half the filters (where the plan has one
+    shared column buffer); with fewer (60 filters over 10x10), each gathers its chunks into its
+    strips; on one, its chunk is the whole plane. Depths of 180, 270 and 630 taps, and 2160 (past
     OMRT_SPLIT_FROM: with AVX2, passes of the strips in place); stride 2 from 14x14; two images,
     so that each gathers again; with bias, residual and activation, into y and over the residual."""
     x = randn(2, channels, size, size)
     weight = randn(filters, channels, 3, 3) / np.float32(np.sqrt(channels * 9))
     out = (size + 2 - 3) // stride + 1
     kernel = _kernel(x, weight, None, {"pads": [1, 1, 1, 1], "strides": [stride, stride]}, native)
-    assert kernel.block >= out * out
+    assert kernel.block >= out * out  # the whole plane fits one block (conv.c: gathers_into_strips)
+    split = kernel._split(threads)
+    if threads == 1 or filters < out * out:
+        assert split.buffer > 0 and split.step * out <= kernel.block  # chunks a thread gathers alone
+    else:
+        assert split.buffer == 0 and split.step >= out  # the one shared plane, gathered per thread
     _matches_into_y_and_over_the_residual(native, monkeypatch, x, weight,
                                           {"pads": [1, 1, 1, 1], "strides": [stride, stride]}, "Clip", threads,
                                           lanes=False)

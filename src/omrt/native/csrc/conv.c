@@ -441,8 +441,8 @@ static void run_conv(conv_job *j, int64_t threads) {
     for (j->image = 0; j->image < j->N; j->image++)
         for (j->r0 = 0; j->r0 < OH; j->r0 += rows) {
             j->r1 = j->r0 + rows < OH ? j->r0 + rows : OH;
-            const int whole_plane = j->r1 - j->r0 == OH && gathers_into_strips(j, OH);
-            if (!pointwise && whole_plane && run_own_plane(j, threads)) continue;
+            if (!pointwise && j->r1 - j->r0 == OH && gathers_into_strips(j, OH) && run_own_plane(j, threads))
+                continue;
             if (pointwise) {
                 j->b = j->x + j->image * j->C * j->H * j->W;
                 j->ldb = j->P;

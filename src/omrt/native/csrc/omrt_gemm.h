@@ -551,23 +551,63 @@ static inline int64_t omrt_step_of(const omrt_gemm_kind *kind, int64_t at) {
     return (at + kind->rows - 1) / kind->rows;
 }
 
-/* Columns [p, p + w) of b (K rows, pitch ldb) as strips of nr columns, K x nr each, one after
- * another in `block`, zero past column w. Each row of b is read once, front to back. */
-static inline void omrt_pack_strips(const float *b, int64_t ldb, int64_t K, int64_t w, int64_t nr, float *block) {
-    const int64_t strips = (w + nr - 1) / nr;
-    for (int64_t k = 0; k < K; k++) {
-        const float *row = b + k * ldb;
-        for (int64_t s = 0; s < strips; s++) {
-            float *dst = block + (s * K + k) * nr;
-            const int64_t cols = w - s * nr;
-            if (cols >= nr && nr == 32)
-                memcpy(dst, row + s * nr, 32 * sizeof(float));
-            else if (cols >= nr && nr == 16)
-                memcpy(dst, row + s * nr, 16 * sizeof(float));
-            else
-                for (int64_t j = 0; j < nr; j++) dst[j] = j < cols ? row[s * nr + j] : 0.0f;
-        }
+/* How b's columns lie in the GEMM's scratch, as the tiles and the tail read them: columns
+ * [0, tiled) as strips of the tile's nr columns, K rows each, one after another, the last `last`
+ * wide and zero past its columns; then the `tail` last columns side by side, K x tail, for
+ * omrt_panel_tail_avx2. omrt_pack_strips copies strips of nr and no tail; a b its caller lays out
+ * there (OMRT_B_IN_SCRATCH, omrt_scratch_b_of) has a last strip only as wide as its columns rounded
+ * up to 16 (the AVX-512 tile reads half a strip for 16 columns or fewer) and its tail
+ * (omrt_tail_cols) where that fits the scratch's `block` columns (else the last strip takes it). */
+typedef struct {
+    int64_t K, nr, tiled, tail, strips, last;
+} omrt_scratch_b;
+
+static inline omrt_scratch_b omrt_scratch_b_with(int64_t K, int64_t n, int64_t nr, int64_t tail) {
+    const int64_t tiled = n - tail, strips = (tiled + nr - 1) / nr;
+    const int64_t last = strips > 0 ? (tiled - (strips - 1) * nr + 15) / 16 * 16 : 0;
+    return (omrt_scratch_b){K, nr, tiled, tail, strips, last};
+}
+
+/* The columns of room (K rows each) that the strips of l take. */
+static inline int64_t omrt_scratch_strips_width(const omrt_scratch_b *l) {
+    return l->strips > 0 ? (l->strips - 1) * l->nr + l->last : 0;
+}
+
+/* Strip s of the b laid out as l in `scratch`, from step k; its pitch in *bks. */
+static inline float *omrt_scratch_strip(const omrt_scratch_b *l, float *scratch, int64_t s, int64_t k,
+                                        int64_t *bks) {
+    *bks = s + 1 == l->strips ? l->last : l->nr;
+    return scratch + s * l->K * l->nr + k * *bks;
+}
+
+/* The tail's columns of the b laid out as l in `scratch`, from step k (pitch l->tail). */
+static inline float *omrt_scratch_tail(const omrt_scratch_b *l, float *scratch, int64_t k) {
+    return scratch + omrt_scratch_strips_width(l) * l->K + k * l->tail;
+}
+
+/* Row k of the b laid out as l in `scratch` from its columns in `row`, zero past column `tiled`
+ * in the last strip. */
+static inline void omrt_scratch_row(const omrt_scratch_b *l, float *scratch, int64_t k, const float *row) {
+    for (int64_t s = 0; s < l->strips; s++) {
+        int64_t pitch;
+        float *at = omrt_scratch_strip(l, scratch, s, k, &pitch);
+        const int64_t col = s * l->nr, cols = l->tiled - col;
+        if (cols >= pitch && pitch == 32)
+            memcpy(at, row + col, 32 * sizeof(float));
+        else if (cols >= pitch && pitch == 16)
+            memcpy(at, row + col, 16 * sizeof(float));
+        else
+            for (int64_t j = 0; j < pitch; j++) at[j] = j < cols ? row[col + j] : 0.0f;
     }
+    float *tail = omrt_scratch_tail(l, scratch, k);
+    for (int64_t j = 0; j < l->tail; j++) tail[j] = row[l->tiled + j];
+}
+
+/* Columns [0, w) of b (K rows, pitch ldb) as strips of nr columns, K x nr each, one after another
+ * in `block`, zero past column w. Each row of b is read once, front to back. */
+static inline void omrt_pack_strips(const float *b, int64_t ldb, int64_t K, int64_t w, int64_t nr, float *block) {
+    const omrt_scratch_b strips = {K, nr, w, 0, (w + nr - 1) / nr, nr};
+    for (int64_t k = 0; k < K; k++) omrt_scratch_row(&strips, block, k, b + k * ldb);
 }
 
 /* Ask for columns [p, p + w) of `rows` rows of x (pitch ld) to be brought into L2, one prefetch
@@ -657,61 +697,12 @@ static inline const float *omrt_tail_columns(const float *b, int64_t ldb, int64_
     return scratch + used * K;
 }
 
-/* A b that omrt_panel_gemm's caller lays out in the scratch (OMRT_B_IN_SCRATCH) as the tiles and
- * the tail read it: columns [0, tiled) as strips of the tile's nr columns, K rows each, one after
- * another, the last only as wide as its columns rounded up to 16 (`last`: the AVX-512 tile reads
- * half a strip for 16 columns or fewer) and zero past them; then the `tail` last columns
- * (omrt_tail_cols) side by side, K x tail, for omrt_panel_tail_avx2, or none where they would
- * not fit the scratch's `block` columns (the last strip then takes them). */
-typedef struct {
-    int64_t K, nr, tiled, tail, strips, last;
-} omrt_scratch_b;
-
-static inline omrt_scratch_b omrt_scratch_b_with(int64_t K, int64_t n, int64_t nr, int64_t tail) {
-    const int64_t tiled = n - tail, strips = (tiled + nr - 1) / nr;
-    const int64_t last = strips > 0 ? (tiled - (strips - 1) * nr + 15) / 16 * 16 : 0;
-    return (omrt_scratch_b){K, nr, tiled, tail, strips, last};
-}
-
-/* The columns of room (K rows each) that the strips of l take. */
-static inline int64_t omrt_scratch_strips_width(const omrt_scratch_b *l) {
-    return l->strips > 0 ? (l->strips - 1) * l->nr + l->last : 0;
-}
-
+/* The layout of a b of n columns that omrt_panel_gemm reads in its scratch of `block` columns:
+ * the tail where it fits. */
 static inline omrt_scratch_b omrt_scratch_b_of(int64_t K, int64_t n, int64_t block) {
     const int64_t nr = omrt_gemm_pick().nr;
     const omrt_scratch_b l = omrt_scratch_b_with(K, n, nr, omrt_tail_cols(n));
     return omrt_scratch_strips_width(&l) + l.tail <= block ? l : omrt_scratch_b_with(K, n, nr, 0);
-}
-
-/* Strip s of the b laid out as l in `scratch`, from step k; its pitch in *bks. */
-static inline float *omrt_scratch_strip(const omrt_scratch_b *l, float *scratch, int64_t s, int64_t k,
-                                        int64_t *bks) {
-    *bks = s + 1 == l->strips ? l->last : l->nr;
-    return scratch + s * l->K * l->nr + k * *bks;
-}
-
-/* The tail's columns of the b laid out as l in `scratch`, from step k (pitch l->tail). */
-static inline float *omrt_scratch_tail(const omrt_scratch_b *l, float *scratch, int64_t k) {
-    return scratch + omrt_scratch_strips_width(l) * l->K + k * l->tail;
-}
-
-/* Row k of the b laid out as l in `scratch` from its columns in `row`, zero past column `tiled`
- * in the last strip. */
-static inline void omrt_scratch_row(const omrt_scratch_b *l, float *scratch, int64_t k, const float *row) {
-    for (int64_t s = 0; s < l->strips; s++) {
-        int64_t pitch;
-        float *at = omrt_scratch_strip(l, scratch, s, k, &pitch);
-        const int64_t col = s * l->nr, cols = l->tiled - col;
-        if (cols >= pitch && pitch == 32)
-            memcpy(at, row + col, 32 * sizeof(float));
-        else if (cols >= pitch && pitch == 16)
-            memcpy(at, row + col, 16 * sizeof(float));
-        else
-            for (int64_t j = 0; j < pitch; j++) at[j] = j < cols ? row[col + j] : 0.0f;
-    }
-    float *tail = omrt_scratch_tail(l, scratch, k);
-    for (int64_t j = 0; j < l->tail; j++) tail[j] = row[l->tiled + j];
 }
 
 /* Products deeper than OMRT_SPLIT_FROM steps, when b is taken a block at a time by a tile 16
