@@ -349,14 +349,17 @@ def test_a_plan_an_older_omrt_made_runs_a_small_plane_a_block_at_a_time(native):
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-def test_a_last_chunk_of_one_position_reads_its_column_a_chunk_pitch_apart(native, monkeypatch, threads):
+def test_a_chunk_of_one_position_reads_its_column_a_chunk_pitch_apart(native, monkeypatch, threads):
     """A 2x2 layer over a 50x2 plane has 49 output rows of one position each. With the column
     buffer's cap lowered so that this small layer needs chunks (as a deep layer over a tall, thin
-    plane would under the real cap), its rows go 16 to a chunk on one thread and 8 on two, so the
-    last chunk holds one position: its column lies in a buffer whose rows are a whole chunk
-    (16 or 8 floats) apart, and each strip of filters streams over it reading every such row."""
-    monkeypatch.setattr(window, "WORKSPACE_CAP", 16 * 16 * 2 * 2 * 4)
+    plane would under the real cap), each thread's buffer holds two rows, and the rows are split
+    evenly into 25 chunks on one thread, 26 on two (as many for each thread: conv.c, own_chunks),
+    so some chunks hold one position: its column lies in a buffer whose rows are two floats apart,
+    and each strip of filters streams over it reading every such row."""
+    monkeypatch.setattr(window, "WORKSPACE_CAP", 16 * 2 * 2 * 4 * 2 * threads)
     x, weight = randn(1, 16, 50, 2), randn(40, 16, 2, 2) / np.float32(8)
+    kernel = _kernel(x, weight, None, {}, native)
+    assert kernel._split(threads).step == 2 and kernel._split(threads).buffer > 0
     _matches_into_y_and_over_the_residual(native, monkeypatch, x, weight, {}, "Clip", threads, lanes=True)
 
 
