@@ -353,7 +353,7 @@ def test_a_chunk_of_one_position_reads_its_column_a_chunk_pitch_apart(native, mo
     """A 2x2 layer over a 50x2 plane has 49 output rows of one position each. With the column
     buffer's cap lowered so that this small layer needs chunks (as a deep layer over a tall, thin
     plane would under the real cap), each thread's buffer holds two rows, and the rows are split
-    evenly into 25 chunks on one thread, 26 on two (as many for each thread: conv.c, own_chunks),
+    evenly into 25 chunks on one thread, 26 on two (as many for each thread: omrt_whole_rounds),
     so some chunks hold one position: its column lies in a buffer whose rows are two floats apart,
     and each strip of filters streams over it reading every such row."""
     monkeypatch.setattr(window, "WORKSPACE_CAP", 16 * 2 * 2 * 4 * 2 * threads)

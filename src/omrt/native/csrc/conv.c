@@ -282,7 +282,7 @@ typedef struct {
     int64_t N, C, H, W, M, G, shuffle, OH, OW, KH, KW, SH, SW, DH, DW, PT, PL, act, lanes;
     float alpha, beta;
     int64_t K, Fg, P, step, pitch, buffer, block, fparts, pparts, gparts;
-    /* with a buffer per thread: chunks per image (own_chunks) */
+    /* with a buffer per thread: chunks per image, of at most `step` rows each (omrt_whole_rounds) */
     int64_t chunks;
     /* what the shared phases work on: output rows [r0, r1) of `image`, their columns b (pitch ldb) */
     int64_t image, r0, r1, ldb;
@@ -392,16 +392,6 @@ static void own_part(void *p, int64_t item, int64_t thread) {
     multiply(j, j->image, 0, filter_cut(j, item), filter_cut(j, item + 1), strips, 0, 0, j->OH * j->OW, 0, thread);
 }
 
-/* Chunks per image when each thread gathers its own (a buffer of `step` rows each): as few as fit,
- * or more, up to a row each, until the threads have as many each, their rows split evenly. 7
- * chunks of 4 rows (ResNet-50's 128-filter 3x3 layers over 28x28) left one thread a chunk after
- * the other had finished; 8 of 3 or 4 rows do not. */
-static int64_t own_chunks(const conv_job *j, int64_t threads) {
-    int64_t chunks = (j->OH + j->step - 1) / j->step;
-    while (j->N * chunks % threads != 0 && chunks < j->OH) chunks++;
-    return chunks;
-}
-
 /* Chunk `item` (image, rows) gathered into the thread's own buffer (or strips) and multiplied whole. */
 static void chunk_part(void *p, int64_t item, int64_t thread) {
     const conv_job *j = p;
@@ -446,7 +436,7 @@ static void run_conv(conv_job *j, int64_t threads) {
     int pointwise = j->KH == 1 && j->KW == 1 && j->SH == 1 && j->SW == 1 && j->PT == 0 && j->PL == 0 && OH == j->H &&
                     OW == j->W;
     if (!pointwise && j->buffer > 0) {
-        j->chunks = own_chunks(j, threads);
+        j->chunks = omrt_whole_rounds((OH + step - 1) / step, OH, threads); /* rows split evenly */
         omrt_parallel(chunk_part, j, j->N * j->chunks, threads);
         return;
     }

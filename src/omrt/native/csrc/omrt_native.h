@@ -111,6 +111,15 @@ static inline int64_t omrt_parts_per(int64_t items, int64_t threads) {
     return parts;
 }
 
+/* Chunks of a split whose work per chunk is all alike: `chunks` (as few as fit a thread's scratch)
+ * rounded up to whole rounds, as many for each of `threads` threads, at most `most` (one unit of
+ * work each). 7 chunks of a layer on 2 threads left one thread the seventh alone; 8, each a little
+ * smaller, do not. */
+static inline int64_t omrt_whole_rounds(int64_t chunks, int64_t most, int64_t threads) {
+    const int64_t rounded = (chunks + threads - 1) / threads * threads;
+    return rounded < most ? rounded : most;
+}
+
 /* Start of part i of `total` split into `parts` nearly equal consecutive ranges. */
 static inline int64_t omrt_part(int64_t total, int64_t parts, int64_t i) { return total * i / parts; }
 

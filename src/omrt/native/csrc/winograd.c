@@ -305,9 +305,7 @@ OMRT_EXPORT void omrt_winograd_f32(const float *x, const float *U, const float *
         return;
     }
     /* whole rounds of chunks: 3 chunks on 2 threads left one thread idle a third of the layer */
-    j.chunks = (j.tiles + chunk_tiles - 1) / chunk_tiles;
-    j.chunks = (j.chunks + threads - 1) / threads * threads;
-    if (j.chunks > j.tiles) j.chunks = j.tiles;
+    j.chunks = omrt_whole_rounds((j.tiles + chunk_tiles - 1) / chunk_tiles, j.tiles, threads);
     j.rows = wg_rows(T, tw, (j.tiles + j.chunks - 1) / j.chunks);
     omrt_parallel(chunk_part, &j, N * j.chunks, threads);
 }
