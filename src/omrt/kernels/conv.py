@@ -288,7 +288,9 @@ class Conv(Kernel):
         One thread: as many rows as the buffer cap allows. Several: a layer gathered in one chunk
         with more filters than positions shares its buffer and splits its filters (one parallel
         region after the gather); the others give each thread (up to parallel.MAX_SLOTS of them)
-        a buffer of its own and as many chunks each, all in one region. A layer that needs many
+        a buffer of its own and as many chunks each, all in one region (the native layer rounds
+        its count of chunks up to whole rounds and splits the rows evenly: 7 chunks of 4 rows on
+        two threads run as 8 of 3 or 4, csrc/conv.c). A layer that needs many
         capped chunks anyway splits the cap between its threads, so that its workspace does not
         grow and the planner keeps the arena at its lower bound. (The packed Conv runs a shared
         layer whose plane fits one block of its GEMM as one region instead, each thread gathering
