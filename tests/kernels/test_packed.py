@@ -305,17 +305,16 @@ def test_a_small_plane_is_gathered_into_each_threads_own_strips(native, monkeypa
     so that each gathers again; with bias, residual and activation, into y and over the residual."""
     x = randn(2, channels, size, size)
     weight = randn(filters, channels, 3, 3) / np.float32(np.sqrt(channels * 9))
+    attrs = {"pads": [1, 1, 1, 1], "strides": [stride, stride]}
     out = (size + 2 - 3) // stride + 1
-    kernel = _kernel(x, weight, None, {"pads": [1, 1, 1, 1], "strides": [stride, stride]}, native)
+    kernel = _kernel(x, weight, None, attrs, native)
     assert kernel.block >= out * out  # the whole plane fits one block (conv.c: gathers_into_strips)
     split = kernel._split(threads)
     if threads == 1 or filters < out * out:
         assert split.buffer > 0 and split.step * out <= kernel.block  # chunks a thread gathers alone
     else:
         assert split.buffer == 0 and split.step >= out  # the one shared plane, gathered per thread
-    _matches_into_y_and_over_the_residual(native, monkeypatch, x, weight,
-                                          {"pads": [1, 1, 1, 1], "strides": [stride, stride]}, "Clip", threads,
-                                          lanes=False)
+    _matches_into_y_and_over_the_residual(native, monkeypatch, x, weight, attrs, "Clip", threads, lanes=False)
 
 
 @pytest.mark.parametrize("filters", [20, 140])
@@ -358,8 +357,8 @@ def test_a_chunk_of_one_position_reads_its_column_a_chunk_pitch_apart(native, mo
     and each strip of filters streams over it reading every such row."""
     monkeypatch.setattr(window, "WORKSPACE_CAP", 16 * 2 * 2 * 4 * 2 * threads)
     x, weight = randn(1, 16, 50, 2), randn(40, 16, 2, 2) / np.float32(8)
-    kernel = _kernel(x, weight, None, {}, native)
-    assert kernel._split(threads).step == 2 and kernel._split(threads).buffer > 0
+    split = _kernel(x, weight, None, {}, native, lanes=True)._split(threads)
+    assert split.step == 2 and split.buffer > 0
     _matches_into_y_and_over_the_residual(native, monkeypatch, x, weight, {}, "Clip", threads, lanes=True)
 
 

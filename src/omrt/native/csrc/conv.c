@@ -471,8 +471,8 @@ static void run_conv(conv_job *j, int64_t threads) {
  * at a time into `work`: with buffer > 0 every thread has a buffer of its own (`buffer` floats
  * apart) and takes whole chunks, as many for each thread (omrt_whole_rounds), the rows split
  * evenly between them; with buffer == 0 the threads gather one shared buffer of `step` rows at a
- * time, then split its product. A packed layer (omrt_pconv2d_f32) gathers a chunk or plane that fits one block of its
- * GEMM into the thread's strips instead (gathers_into_strips). */
+ * time, then split its product. A packed layer (omrt_pconv2d_f32) gathers a chunk or plane that
+ * fits one block of its GEMM into the thread's strips instead (gathers_into_strips). */
 OMRT_EXPORT void omrt_conv2d_f32(const float *x, const float *w, const float *bias, float *y, float *work,
                                  int64_t step, int64_t buffer, int64_t threads, int64_t N, int64_t C, int64_t H,
                                  int64_t W, int64_t M, int64_t G, int64_t shuffle, int64_t OH, int64_t OW, int64_t KH,

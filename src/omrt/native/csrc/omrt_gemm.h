@@ -606,7 +606,8 @@ static inline void omrt_scratch_row(const omrt_scratch_b *l, float *scratch, int
 /* Columns [0, w) of b (K rows, pitch ldb) as strips of nr columns, K x nr each, one after another
  * in `block`, zero past column w. Each row of b is read once, front to back. */
 static inline void omrt_pack_strips(const float *b, int64_t ldb, int64_t K, int64_t w, int64_t nr, float *block) {
-    const omrt_scratch_b strips = {K, nr, w, 0, (w + nr - 1) / nr, nr};
+    omrt_scratch_b strips = omrt_scratch_b_with(K, w, nr, 0);
+    strips.last = nr; /* every strip whole, as the tiles that read this copy take them */
     for (int64_t k = 0; k < K; k++) omrt_scratch_row(&strips, block, k, b + k * ldb);
 }
 
