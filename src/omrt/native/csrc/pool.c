@@ -1,12 +1,11 @@
 /* 2-D max and average pooling over NCHW planes. */
 #include "omrt_lanes.h"
 
-/* Narrow planes can go 16 at a time, one vector lane each (omrt_lanes.h): every output pixel is
- * then one vector per tap, where the plane loops below spend most of their time on the scalar ends
- * of short rows and on per-plane setup (the caller decides: omrt.kernels.pool.NARROW_ROW). On
- * 14x14 and 7x7 planes this took 0.43-0.91 of their time; rows of 28 took longer (1.13).
- * POOL_PIXELS output pixels are computed together, each its own chain of max or add. */
-#define POOL_PIXELS 8
+/* Narrow planes can go 16 at a time, one vector lane each (omrt_lanes.h, pool_lanes.h): every
+ * output pixel is then whole vectors, where the plane loops below spend most of their time on the
+ * scalar ends of short rows and on per-plane setup (the caller decides:
+ * omrt.kernels.pool.NARROW_ROW). On 14x14 and 7x7 planes this took 0.43-0.91 of their time with
+ * AVX-512; rows of 28 took longer (1.13). */
 
 /* The bits of |f|: above NAN_BITS (infinity's) for a NaN, and ordered as the magnitudes. */
 #define NAN_BITS 0x7f800000u
@@ -183,83 +182,36 @@ typedef struct {
 } pool_job;
 
 /* Floats of scratch a band of `rows` output rows of 16 planes takes on the lanes path: its
- * input rows interleaved, `wide` columns from -PL, and its results. */
+ * input rows interleaved, `wide` columns from -PL, its results, and a row of column results. */
 static inline int64_t pool_lanes_floats(const pool_job *j, int64_t rows) {
     const int64_t in_rows = (rows - 1) * j->SH + (j->KH - 1) * j->DH + 1;
     const int64_t wide = (j->OW - 1) * j->SW + (j->KW - 1) * j->DW + 1;
-    return OMRT_LANES * (in_rows * wide + rows * j->OW);
+    return OMRT_LANES * ((in_rows + 1) * wide + rows * j->OW);
 }
 
 #ifdef OMRT_X86
-/* The 16-planes path is built for AVX-512 alone: the only CPUs it pays on (the caller asks for it
- * there), and GCC's generic lowering of its 16-float vectors for older ones took ten times the
- * rest of this file to compile. */
+/* The 16-planes path is built for AVX-512 and AVX2 alone, the CPUs it pays on, each at its
+ * vector width (pool_lanes.h): GCC's generic lowering of its vectors for older ones took ten
+ * times the rest of this file to compile. */
 typedef int32_t pool_mask_vec __attribute__((vector_size(OMRT_LANES * sizeof(int32_t))));
+typedef int32_t pool_mask_half __attribute__((vector_size(OMRT_LANES / 2 * sizeof(int32_t))));
 
-/* One tap of 16 lanes: the sum, or the max, which a NaN wins only when `nan` (the band holds one). */
-OMRT_AVX512 static OMRT_INLINE omrt_lanes_vec lanes_step(omrt_lanes_vec acc, omrt_lanes_vec v, int is_max, int nan) {
-    if (!is_max) return acc + v;
-    pool_mask_vec take = v > acc;
-    if (nan) take |= v != v;
-    return (omrt_lanes_vec)((take & (pool_mask_vec)v) | (~take & (pool_mask_vec)acc));
-}
-
-/* Output pixels [0, n) of a row, the first reading `at` (interleaved rows `wide` apart), into
- * `out`, averages scaled by their `inv` divisors. */
-OMRT_AVX512 static OMRT_INLINE void lanes_pixels(const pool_job *j, const float *at, int64_t wide, const float *inv,
-                                                 int64_t n, float *out, int is_max, int nan) {
-    omrt_lanes_vec acc[POOL_PIXELS];
-    for (int64_t p = 0; p < n; p++) acc[p] = *(const omrt_lanes_vec *)(at + p * j->SW * OMRT_LANES);
-    for (int64_t kh = 0; kh < j->KH; kh++)
-        for (int64_t kw = kh == 0; kw < j->KW; kw++) {
-            const float *src = at + (kh * j->DH * wide + kw * j->DW) * OMRT_LANES;
-            for (int64_t p = 0; p < n; p++)
-                acc[p] = lanes_step(acc[p], *(const omrt_lanes_vec *)(src + p * j->SW * OMRT_LANES), is_max, nan);
-        }
-    for (int64_t p = 0; p < n; p++) *(omrt_lanes_vec *)(out + p * OMRT_LANES) = is_max ? acc[p] : acc[p] * inv[p];
-}
-
-/* Output rows [o0, o1) of 16 planes from their interleaved input rows `in`, into `out`. */
-OMRT_AVX512 static OMRT_INLINE void lanes_rows(const pool_job *j, const float *in, int64_t wide, int64_t o0,
-                                               int64_t o1, float *out, int is_max, int nan) {
-    for (int64_t oh = o0; oh < o1; oh++)
-        for (int64_t ow = 0; ow < j->OW; ow += POOL_PIXELS) {
-            const float *at = in + ((oh - o0) * j->SH * wide + ow * j->SW) * OMRT_LANES;
-            const float *inv = is_max ? NULL : j->inv_count + oh * j->OW + ow;
-            float *dst = out + ((oh - o0) * j->OW + ow) * OMRT_LANES;
-            if (j->OW - ow >= POOL_PIXELS)
-                lanes_pixels(j, at, wide, inv, POOL_PIXELS, dst, is_max, nan);
-            else
-                lanes_pixels(j, at, wide, inv, j->OW - ow, dst, is_max, nan);
-        }
-}
-
-/* Item (block of 16 planes, band of output rows) of the lanes path, on the thread's scratch. */
-OMRT_AVX512 static void lanes_part(void *p, int64_t item, int64_t thread) {
-    const pool_job *j = p;
-    const int64_t bands = (j->OH + j->band - 1) / j->band, p0 = item / bands * OMRT_LANES;
-    const int64_t lanes = j->planes - p0 < OMRT_LANES ? j->planes - p0 : OMRT_LANES;
-    const int64_t o0 = item % bands * j->band, o1 = o0 + j->band < j->OH ? o0 + j->band : j->OH;
-    const int64_t rows = (o1 - o0 - 1) * j->SH + (j->KH - 1) * j->DH + 1;
-    const int64_t wide = (j->OW - 1) * j->SW + (j->KW - 1) * j->DW + 1;
-    float *in = j->scratch + thread * j->pitch, *out = in + rows * wide * OMRT_LANES;
-    const float *src[OMRT_LANES] = {0};
-    float *dst[OMRT_LANES] = {0};
-    for (int64_t l = 0; l < lanes; l++) {
-        src[l] = j->x + (p0 + l) * j->H * j->W;
-        dst[l] = j->y + (p0 + l) * j->OH * j->OW + o0 * j->OW;
-    }
-    const omrt_lanes_source source = {j->H, j->W, j->PL, j->is_max ? -INFINITY : 0.0f};
-    omrt_lanes_gather_avx512(&source, src, o0 * j->SH - j->PT, rows, wide, in);
-    const int nan = j->is_max && holds_nan(in, rows * wide * OMRT_LANES);
-    if (!j->is_max)
-        lanes_rows(j, in, wide, o0, o1, out, 0, 0);
-    else if (nan)
-        lanes_rows(j, in, wide, o0, o1, out, 1, 1);
-    else
-        lanes_rows(j, in, wide, o0, o1, out, 1, 0);
-    omrt_lanes_scatter_avx512(out, (o1 - o0) * j->OW, dst, lanes);
-}
+#define POOL_VEC omrt_lanes_vec
+#define POOL_MASK pool_mask_vec
+#define POOL_NAME(f) f##_16
+#define POOL_TARGET OMRT_AVX512
+#define POOL_GATHER omrt_lanes_gather_avx512
+#define POOL_SCATTER omrt_lanes_scatter_avx512
+#define POOL_MAX(a, b) _mm512_max_ps((__m512)(a), (__m512)(b))
+#include "pool_lanes.h"
+#define POOL_VEC omrt_lanes_half
+#define POOL_MASK pool_mask_half
+#define POOL_NAME(f) f##_8
+#define POOL_TARGET OMRT_AVX2
+#define POOL_GATHER omrt_lanes_gather_avx2
+#define POOL_SCATTER omrt_lanes_scatter_avx2
+#define POOL_MAX(a, b) _mm256_max_ps((__m256)(a), (__m256)(b))
+#include "pool_lanes.h"
 
 /* Output columns the vector path takes in a row at most: the column maxima of the row's windows
  * (VECTOR_COLS floats) are kept on the thread's stack. */
@@ -641,8 +593,8 @@ static OMRT_HOT void pool_part(void *p, int64_t item, int64_t thread) {
  * whose rows fit a vector (register_path) go row by row, each in one register (register_part).
  * With `path` 2 and AVX2 or AVX-512, a max pool whose geometry allows (vector_path) goes row by
  * row, each row's column maxima over its window's rows first (vector_part, vector_part8). With
- * `path` 1 and AVX-512, planes go 16 at a time in
- * bands of output rows (lanes_part), the widest whose pool_lanes_floats `pitch` holds. Otherwise, or where `pitch`
+ * `path` 1 (or 3 without AVX-512) and AVX2 or AVX-512, planes go 16 at a time in bands of output
+ * rows (lanes_part_8, lanes_part_16), the widest whose pool_lanes_floats `pitch` holds. Otherwise, or where `pitch`
  * does not hold one row of those, planes pool in bands of output rows, each in a few flat passes
  * over a padded copy (pool_plane), the widest band whose pool_plane_floats `pitch` holds; where
  * not even one row fits (pitch is at least W), one output row at a time: the rows its windows
@@ -665,10 +617,11 @@ OMRT_EXPORT void omrt_pool2d_f32(const float *x, float *y, const float *inv_coun
         omrt_parallel(omrt_gemm_level_once() == 2 ? vector_part : vector_part8, &j, j.parts, threads);
         return;
     }
-    if (path == 1 && omrt_gemm_level_once() == 2)
+    if ((path == 1 || path == 3) && omrt_gemm_level_once() >= 1) /* 3: the register path needs AVX-512 */
         for (j.band = OH; j.band > 0 && pool_lanes_floats(&j, j.band) > pitch;) j.band--;
     if (j.band > 0) {
-        omrt_parallel(lanes_part, &j, (planes + OMRT_LANES - 1) / OMRT_LANES * ((OH + j.band - 1) / j.band), j.parts);
+        omrt_parallel(omrt_gemm_level_once() == 2 ? lanes_part_16 : lanes_part_8, &j,
+                      (planes + OMRT_LANES - 1) / OMRT_LANES * ((OH + j.band - 1) / j.band), j.parts);
         return;
     }
 #else
