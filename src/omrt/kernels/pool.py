@@ -45,13 +45,13 @@ planes ran 1.1-1.3x slower in bands at stride 2, 0.94x at stride 1, so the line 
 
 REGISTER_ROW = 16
 """Pools over planes at most this wide, with output rows and windows no wider, pool each row in
-one register where the CPU has AVX-512, and 16 planes at a time with AVX2 (see NARROW_ROW)
-(csrc/pool.c, register_part: the window's input rows
-reduced lane by lane, its taps along the row picked by permutes); no copy of the planes, no
-scratch. Alone (one thread, hot in cache, an Intel Xeon), 3x3 windows over 576 planes of 14x14
-took 38 us averaging against 56 for 16 planes at a time, 24 against 42 for the max at stride 2;
-in inception_v2, its 14x14 pools took 0.50-0.65 of the time at one thread and 0.27-0.34 at two,
-its 7x7 ones 0.57-0.82, the whole model 0.96 / 0.95."""
+one register where the CPU has AVX-512 (csrc/pool.c, register_part: the window's input rows
+reduced lane by lane, its taps along the row picked by permutes; no copy of the planes, no
+scratch), and 16 planes at a time with AVX2 (see NARROW_ROW). Alone (one thread, hot in cache,
+an Intel Xeon), 3x3 windows over 576 planes of 14x14 took 38 us averaging against 56 for 16
+planes at a time, 24 against 42 for the max at stride 2; in inception_v2, its 14x14 pools took
+0.50-0.65 of the time at one thread and 0.27-0.34 at two, its 7x7 ones 0.57-0.82, the whole
+model 0.96 / 0.95."""
 
 VECTOR_ROW_WIDTH = 20
 """Max pools at stride 2 along rows at least this wide take the native loop's vector path where
