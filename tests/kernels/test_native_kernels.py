@@ -355,8 +355,8 @@ got, want = trusted.session().run(feeds), plain.session().run(feeds)
 for k in want:
     if k in {exact!r}:
         np.testing.assert_array_equal(got[k], want[k])
-    else:  # sums in another order
-        np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-6)
+    else:  # averages of standard normals, sums of up to 25 of them in another order
+        np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-5)
 print(sum(int(np.isnan(v).sum()) for v in got.values()))
 """
 
