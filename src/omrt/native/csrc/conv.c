@@ -57,31 +57,30 @@ static OMRT_INLINE void dw_phase(const dw_job *j, const float *xp, float *ph, in
  * may have up to MAX_TAPS). */
 #define DW_TAP_BLOCK 32
 
-/* 8 floats a vector: the wide path runs where the CPU lacks AVX2 (or a plan an older omrt made asks
- * for it), and GCC moves 64-byte vectors through the stack there. */
-typedef omrt_lanes_half dw_vec;
-
 /* acc[i] = b + sum over taps t of w[t] * phases[at[t] + i] for i < L (the wide path's band), DW_CHUNK
  * sums at a time kept in registers through DW_TAP_BLOCK taps (all of a common window's); the last
- * L % DW_CHUNK a plain loop. Each weight is spread over a vector once per band, not in the loop. */
+ * L % DW_CHUNK a plain loop. Each weight is spread over a vector once per band, not in the loop.
+ * 8 floats a vector (omrt_lanes_half): the wide path runs where the CPU lacks AVX2 (or a plan an
+ * older omrt made asks for it). */
 static OMRT_INLINE void dw_sums(const float *phases, const int64_t *at, const float *w, int64_t taps, float b,
                                 int64_t L, float *acc) {
-    enum { VL = sizeof(dw_vec) / sizeof(float) };
+    enum { VL = sizeof(omrt_lanes_half) / sizeof(float) };
     const int64_t whole = L - L % DW_CHUNK;
-    dw_vec wv[DW_TAP_BLOCK], bv;
+    omrt_lanes_half wv[DW_TAP_BLOCK], bv;
     for (int64_t l = 0; l < VL; l++) bv[l] = b;
     for (int64_t t0 = 0; t0 < taps; t0 += DW_TAP_BLOCK) {
         const int64_t t1 = t0 + DW_TAP_BLOCK < taps ? t0 + DW_TAP_BLOCK : taps;
         for (int64_t t = t0; t < t1; t++)
             for (int64_t l = 0; l < VL; l++) wv[t - t0][l] = w[t];
         for (int64_t i = 0; i < whole; i += DW_CHUNK) {
-            dw_vec sum[DW_CHUNK / VL];
-            for (int64_t k = 0; k < DW_CHUNK / VL; k++) sum[k] = t0 ? *(const dw_vec *)(acc + i + k * VL) : bv;
+            omrt_lanes_half sum[DW_CHUNK / VL];
+            for (int64_t k = 0; k < DW_CHUNK / VL; k++) sum[k] = t0 ? *(const omrt_lanes_half *)(acc + i + k * VL) : bv;
             for (int64_t t = t0; t < t1; t++) {
                 const float *src = phases + at[t] + i;
-                for (int64_t k = 0; k < DW_CHUNK / VL; k++) sum[k] += wv[t - t0] * *(const dw_vec *)(src + k * VL);
+                for (int64_t k = 0; k < DW_CHUNK / VL; k++)
+                    sum[k] += wv[t - t0] * *(const omrt_lanes_half *)(src + k * VL);
             }
-            for (int64_t k = 0; k < DW_CHUNK / VL; k++) *(dw_vec *)(acc + i + k * VL) = sum[k];
+            for (int64_t k = 0; k < DW_CHUNK / VL; k++) *(omrt_lanes_half *)(acc + i + k * VL) = sum[k];
         }
     }
     for (int64_t e = whole; e < L; e++) acc[e] = b;
